@@ -1,0 +1,43 @@
+"""Text environments and the environment pool.
+
+Built-in environments are imported lazily (ALFWorld needs the optional ``alfworld`` package).
+``make_env("webshop", split="train")`` builds one by name; ``ENV_CLASSES`` maps names to import paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_PROMPT, TextEnv, check_env, env_anchor
+
+ENV_CLASSES = {
+    "webshop": "gigpo_trl.envs.webshop:WebShopEnv",
+    "alfworld": "gigpo_trl.envs.alfworld:ALFWorldEnv",
+    "frozenlake": "gigpo_trl.envs.frozenlake:FrozenLakeEnv",
+    "sokoban": "gigpo_trl.envs.sokoban:SokobanEnv",
+}
+
+
+def get_env_class(name: str):
+    """Return the environment class registered as ``name``; raises ``ValueError`` for an unknown name."""
+    if name not in ENV_CLASSES:
+        raise ValueError(f"unknown environment {name!r}; choose one of {sorted(ENV_CLASSES)}")
+    module, attr = ENV_CLASSES[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def make_env(name: str, **kwargs):
+    """Instantiate the environment registered as ``name`` with ``kwargs``."""
+    return get_env_class(name)(**kwargs)
+
+
+__all__ = [
+    "DEFAULT_PROMPT_TEMPLATE",
+    "DEFAULT_SYSTEM_PROMPT",
+    "ENV_CLASSES",
+    "TextEnv",
+    "check_env",
+    "env_anchor",
+    "get_env_class",
+    "make_env",
+]

@@ -1,0 +1,163 @@
+"""The environment protocol: the one thing an environment author implements.
+
+An environment is a plain Python class with gymnasium-style ``reset``/``step`` that speaks text:
+
+    obs, info = env.reset(task, seed)                    # obs: str, info: dict
+    obs, reward, done, info = env.step(action)           # action: str, reward: float, done: bool
+
+Keys of ``info`` the collector reads (all optional):
+
+- ``"instruction"`` (from ``reset``): the task text shown in every prompt of the episode.
+- ``"admissible_actions"``: list of action strings valid in the current state; shown in the prompt.
+- ``"won"`` (bool): whether the episode ended in success; defaults to ``reward > 0`` on the last turn.
+- ``"task_type"``: a label for per-type success rates.
+- ``"action_valid"`` (from ``step``, bool): the env's own verdict on the action (e.g. not admissible);
+  combined with the parser's verdict.
+
+The rollout collector groups rows by ``anchor_state(observation)``, which must return a hashable value
+(default: the observation itself, which must then be a ``str``). Override it when observations carry
+text that differs between identical states (a turn counter, say).
+
+Environments are created by a factory (the class itself or any picklable zero-argument callable), one
+instance per rollout slot, and reused across ``reset`` calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent acting in a text environment. Each turn, first reason inside <think> </think>, "
+    "then give exactly one action inside <action> </action>."
+)
+
+# Placeholders: {instruction}, {history}, {observation}, {admissible_actions}, {turn}, {max_turns}
+DEFAULT_PROMPT_TEMPLATE = (
+    "Your task: {instruction}\n"
+    "{history}"
+    "Current observation (turn {turn}):\n{observation}\n"
+    "{admissible_actions}"
+    "Think step by step inside <think> </think>, then give your next action inside <action> </action>."
+)
+
+
+class TextEnv:
+    """Base class for text environments (subclassing is optional; duck typing works too).
+
+    Class attributes an environment may override:
+        name (`str`): short name used in logs and metrics.
+        system_prompt (`str`): system message of every prompt.
+        prompt_template (`str`): user message template, see ``DEFAULT_PROMPT_TEMPLATE`` for placeholders.
+        invalid_action (`str`): the string sent to ``step`` when the model's output has no parsable action
+            (the env still steps, as the GiGPO reference does; the row is marked invalid and penalised).
+        max_turns (`int` or `None`): the environment's own turn limit; the trainer's ``max_turns`` wins
+            when smaller.
+    """
+
+    name: str = "env"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    invalid_action: str = "<invalid>"
+    max_turns: int | None = None
+
+    def reset(self, task: Any, seed: int | None = None) -> tuple[Any, dict]:
+        """Start an episode of ``task`` (a value of the task dataset's ``task`` column) with ``seed``.
+
+        Returns ``(observation, info)``. Same ``task`` and ``seed`` must give the same first observation.
+        """
+        raise NotImplementedError
+
+    def step(self, action: str) -> tuple[Any, float, bool, dict]:
+        """Apply ``action``; returns ``(observation, reward, done, info)``."""
+        raise NotImplementedError
+
+    def anchor_state(self, observation: Any) -> Hashable:
+        """Key of the anchor state the next action is taken from (GiGPO Sec. 3.2). Default: the observation."""
+        return observation
+
+    def tasks(self, split: str = "train"):
+        """Task list of ``split`` as a ``datasets.Dataset`` with columns ``task``, ``seed`` and optionally
+        ``task_type``. Raises ``ValueError`` for an unknown split."""
+        raise NotImplementedError(f"{type(self).__name__} has no built-in task splits; pass train_dataset=")
+
+    def close(self) -> None:
+        """Release resources (subprocesses, files)."""
+
+
+def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> None:
+    """Validate an environment against the protocol, in the spirit of gymnasium's ``check_env``.
+
+    Resets twice with the same ``task``/``seed`` (first observations must match), checks the return types
+    and that ``anchor_state`` is hashable, then takes up to ``num_steps`` steps with the first admissible
+    action (or ``env.invalid_action``).
+
+    Raises:
+        TypeError: a return value has the wrong type (message names the method and the value).
+        ValueError: non-deterministic reset, or a NaN/inf reward.
+    """
+    if task is None and hasattr(env, "tasks"):
+        try:
+            row = env.tasks("train")[0]
+            task, seed = row["task"], row.get("seed", seed)
+        except NotImplementedError:
+            pass
+    out = env.reset(task, seed)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        raise TypeError(f"{type(env).__name__}.reset must return (observation, info: dict), got {out!r:.200}")
+    obs, info = out
+    _check_anchor(env, obs, "reset")
+    obs2, _ = env.reset(task, seed)
+    if env_anchor(env, obs2) != env_anchor(env, obs):
+        raise ValueError(
+            f"{type(env).__name__}.reset({task!r}, seed={seed}) gave different first observations on two calls; "
+            "a task group must start from the same state"
+        )
+    for _ in range(num_steps):
+        actions = info.get("admissible_actions") or [getattr(env, "invalid_action", "<invalid>")]
+        out = env.step(actions[0])
+        if not (isinstance(out, tuple) and len(out) == 4 and isinstance(out[3], dict)):
+            raise TypeError(
+                f"{type(env).__name__}.step must return (observation, reward, done, info: dict), got {out!r:.200}"
+            )
+        obs, reward, done, info = out
+        validate_reward(reward, f"{type(env).__name__}.step")
+        _check_anchor(env, obs, "step")
+        if done:
+            break
+
+
+def env_anchor(env: Any, observation: Any) -> Hashable:
+    """``env.anchor_state(observation)`` if the env defines it, else the observation."""
+    hook = getattr(env, "anchor_state", None)
+    return hook(observation) if hook is not None else observation
+
+
+def validate_reward(reward: Any, where: str) -> float:
+    """Return ``reward`` as float; raise ``ValueError`` naming ``where`` if it is not a finite number."""
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where} returned reward {reward!r}; expected a finite number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{where} returned reward {reward!r}; rewards must be finite (not NaN or inf)")
+    return value
+
+
+def _check_anchor(env: Any, obs: Any, method: str) -> None:
+    has_hook = type(env).anchor_state is not TextEnv.anchor_state if isinstance(env, TextEnv) else hasattr(
+        env, "anchor_state"
+    )
+    if not has_hook and not isinstance(obs, str):
+        raise TypeError(
+            f"{type(env).__name__}.{method} returned a {type(obs).__name__} observation; observations must be str, "
+            "or the env must define anchor_state(observation) returning a hashable key"
+        )
+    key = env_anchor(env, obs)
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"{type(env).__name__}.anchor_state returned unhashable {type(key).__name__}; return a str/tuple/number"
+        ) from None
