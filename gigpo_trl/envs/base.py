@@ -37,7 +37,7 @@ DEFAULT_SYSTEM_PROMPT = (
 DEFAULT_PROMPT_TEMPLATE = (
     "Your task: {instruction}\n"
     "{history}"
-    "Current observation (turn {turn}):\n{observation}\n"
+    "Current observation:\n{observation}\n"
     "{admissible_actions}"
     "Think step by step inside <think> </think>, then give your next action inside <action> </action>."
 )
@@ -50,8 +50,9 @@ class TextEnv:
         name (`str`): short name used in logs and metrics.
         system_prompt (`str`): system message of every prompt.
         prompt_template (`str`): user message template, see ``DEFAULT_PROMPT_TEMPLATE`` for placeholders.
-        invalid_action (`str`): the string sent to ``step`` when the model's output has no parsable action
-            (the env still steps, as the GiGPO reference does; the row is marked invalid and penalised).
+        invalid_action (`str` or `None`): the string sent to ``step`` when the model's output has no parsable
+            action (the env still steps, as the GiGPO reference does; the row is marked invalid and penalised).
+            ``None`` sends the last 30 characters of the raw completion instead.
         max_turns (`int` or `None`): the environment's own turn limit; the trainer's ``max_turns`` wins
             when smaller.
     """

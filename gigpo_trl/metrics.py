@@ -1,0 +1,61 @@
+"""Per-iteration rollout metrics, as flat ``{name: float}`` dicts the trainer hands to TRL's logging."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+# Histogram buckets of anchor-group sizes: 1 (singleton: A_S = 0), 2, 3-4, 5-8, 9-16, 17+.
+SIZE_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, None))
+
+
+def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str, float]:
+    """Success rate, mean return R(τ), mean length (turns), invalid-action rate and failed-env rate.
+
+    ``trajectories``: records with ``won``, ``episode_return``, ``num_turns``, ``num_invalid``, ``failed``,
+    ``task_type`` (see :class:`~gigpo_trl.rollout.TrajectoryRecord`). Failed trajectories count as unsuccessful.
+    Also ``{prefix}/success_rate/<task_type>`` for each task type present.
+    """
+    if not trajectories:
+        return {}
+    won = np.array([t.won for t in trajectories], dtype=float)
+    turns = np.array([t.num_turns for t in trajectories], dtype=float)
+    out = {
+        f"{prefix}/success_rate": float(won.mean()),
+        f"{prefix}/return_mean": float(np.mean([t.episode_return for t in trajectories])),
+        f"{prefix}/length_mean": float(turns.mean()),
+        f"{prefix}/invalid_action_rate": float(sum(t.num_invalid for t in trajectories) / max(turns.sum(), 1.0)),
+        f"{prefix}/failed_rate": float(np.mean([t.failed for t in trajectories])),
+    }
+    per_type = defaultdict(list)
+    for t in trajectories:
+        if t.task_type is not None:
+            per_type[str(t.task_type)].append(float(t.won))
+    for task_type, values in sorted(per_type.items()):
+        out[f"{prefix}/success_rate/{task_type}"] = float(np.mean(values))
+    return out
+
+
+def anchor_metrics(anchor_group_ids: np.ndarray, prefix: str = "anchor") -> dict[str, float]:
+    """Statistics of the step groups (GiGPO Sec. 3.2): mean group size seen by a row, fraction of singleton
+    groups, number of groups, and a histogram (fraction of groups per size bucket, ``SIZE_BUCKETS``).
+
+    ``anchor_group_ids``: (R,) int, the step group of each row.
+    """
+    ids = np.asarray(anchor_group_ids)
+    if ids.size == 0:
+        return {}
+    _, sizes = np.unique(ids, return_counts=True)
+    out = {
+        f"{prefix}/num_groups": float(sizes.size),
+        f"{prefix}/group_size_mean": float(sizes.mean()),
+        f"{prefix}/row_group_size_mean": float((sizes**2).sum() / sizes.sum()),
+        f"{prefix}/singleton_fraction": float((sizes == 1).mean()),
+    }
+    for lo, hi in SIZE_BUCKETS:
+        in_bucket = (sizes >= lo) & (sizes <= hi if hi is not None else True)
+        label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f"{lo}+")
+        out[f"{prefix}/size_hist/{label}"] = float(in_bucket.mean())
+    return out

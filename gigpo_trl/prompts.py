@@ -1,0 +1,66 @@
+"""Build the chat prompt of one environment turn: instruction, history window, observation, actions.
+
+GiGPO (Sec. 4, prompts in App.) conditions the policy on the current observation plus the last ``k``
+observation/action pairs rather than the whole episode, so prompt length stays bounded at 50 turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .envs.base import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_PROMPT
+
+
+def format_history(history: Sequence[tuple[str, str]]) -> str:
+    """Render ``history`` (oldest first). Steps are numbered within the window, not by absolute turn, so a
+    prompt at turn 49 is no longer than one at turn 4 when observations have the same size."""
+    if not history:
+        return ""
+    lines = [f"Your last {len(history)} step(s), oldest first:"]
+    for i, (observation, action) in enumerate(history, start=1):
+        lines.append(f"[Step {i} observation]\n{observation}\n[Step {i} action] {action}")
+    return "\n".join(lines) + "\n"
+
+
+def format_admissible(actions: Sequence[str] | None) -> str:
+    """Render the admissible actions, or nothing when the env does not list them."""
+    if not actions:
+        return ""
+    return "Admissible actions: " + ", ".join(f"'{a}'" for a in actions) + "\n"
+
+
+def build_messages(
+    env: Any,
+    instruction: str,
+    observation: Any,
+    history: Sequence[tuple[str, str]],
+    turn: int,
+    max_turns: int,
+    admissible_actions: Sequence[str] | None = None,
+) -> list[dict[str, str]]:
+    """Chat messages (system + user) for one turn.
+
+    Args:
+        env: the environment (for its ``system_prompt`` and ``prompt_template``; defaults when missing).
+        instruction: the task text of the episode.
+        observation: the current observation (rendered with ``str``).
+        history: the (observation, action) pairs to show, oldest first; the caller picks the window.
+        turn: 0-based index of the current turn.
+        max_turns: the episode's turn limit.
+        admissible_actions: actions to list, if the env provides them.
+
+    Raises:
+        KeyError: the env's ``prompt_template`` uses a placeholder other than the documented ones.
+    """
+    template = getattr(env, "prompt_template", None) or DEFAULT_PROMPT_TEMPLATE
+    system = getattr(env, "system_prompt", None) or DEFAULT_SYSTEM_PROMPT
+    user = template.format(
+        instruction=instruction,
+        history=format_history(history),
+        observation=str(observation),
+        admissible_actions=format_admissible(admissible_actions),
+        turn=turn,
+        max_turns=max_turns,
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -1,0 +1,305 @@
+"""Multi-turn rollout collector: one training row per (environment, turn).
+
+Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
+
+1. build one chat prompt per active environment (instruction, last ``history_length`` observation/action
+   pairs, current observation, admissible actions) — :mod:`gigpo_trl.prompts`;
+2. generate for all active environments in ONE batched call (``generate_fn``, in the trainer TRL's own
+   ``_generate_single_turn``, so transformers, vLLM colocate and vLLM server all work);
+3. parse ``<think>…</think><action>…</action>`` — :mod:`gigpo_trl.parsing`;
+4. step the environments through an :class:`~gigpo_trl.envs.pool.EnvPool`.
+
+A trajectory ends at ``done``, at ``max_turns`` (truncation, treated as terminal by the advantage), or when
+its environment fails (raises, times out, returns a bad value): a failed trajectory is recorded with its
+error and contributes no training rows, so its group's statistics are computed over the healthy members.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .envs.pool import EnvPool
+from .parsing import parse_action
+from .prompts import build_messages
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENV_KEY = "default"
+
+
+@dataclass
+class StepRow:
+    """One training row: the action taken by one environment at one turn (the design's row schema)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampling_logps: list[float] | None
+    group_id: Hashable
+    trajectory_id: Hashable
+    turn: int
+    anchor_state: Hashable
+    reward: float
+    done: bool
+    action_valid: bool
+    task_type: str | None = None
+    completion_text: str = ""
+    prompt_messages: list[dict] | None = None
+
+
+@dataclass
+class TrajectoryRecord:
+    """Summary of one episode: ``episode_return`` = R(τ), the sum of its rewards; ``failed`` when its
+    environment broke (``error`` says how); such a trajectory's rows are dropped."""
+
+    trajectory_id: Hashable
+    group_id: Hashable
+    task: Any
+    task_type: str | None
+    num_turns: int = 0
+    episode_return: float = 0.0
+    won: bool = False
+    num_invalid: int = 0
+    truncated: bool = False
+    failed: bool = False
+    error: str | None = None
+
+
+@dataclass
+class RolloutBatch:
+    """What :meth:`RolloutCollector.collect` returns."""
+
+    rows: list[StepRow] = field(default_factory=list)
+    trajectories: list[TrajectoryRecord] = field(default_factory=list)
+    num_generate_calls: int = 0
+    max_prompt_tokens: int = 0
+
+
+class RolloutCollector:
+    """Collects multi-turn rollouts for a batch of tasks.
+
+    Args:
+        env_factories: ``{name: factory}``; a task row's ``env`` column picks one (default: the only one).
+        generate_fn: ``generate_fn(prompt_ids: list[list[int]]) -> (completion_ids, logprobs or None)``, one
+            batched call per turn.
+        tokenize_fn: ``tokenize_fn(messages: list[list[dict]]) -> list[list[int]]``: chat prompts to token ids
+            (chat template applied, generation prompt added).
+        decode_fn: ``decode_fn(completion_ids: list[list[int]]) -> list[str]``.
+        max_turns: turn limit T (an env's own ``max_turns`` wins when smaller).
+        history_length: k, the number of past observation/action pairs shown in each prompt.
+        max_prompt_length: token limit of a prompt; history is dropped (oldest first) to fit, then
+            ``ValueError``. ``None``: no limit.
+        sync_fn: multi-process agreement ``sync_fn(local_count) -> global_max``; every rank then generates
+            ``global_max`` prompts (filler prompts, whose outputs are dropped, pad the local list) so all ranks
+            make the same number of generate calls of the same size. ``None``: single process.
+        num_env_workers / step_timeout: passed to each :class:`EnvPool`.
+        progress: show a per-turn tqdm bar.
+        require_think: mark completions without ``<think>`` invalid.
+    """
+
+    def __init__(
+        self,
+        env_factories: Mapping[str, Callable[[], Any]],
+        generate_fn: Callable,
+        tokenize_fn: Callable,
+        decode_fn: Callable,
+        max_turns: int,
+        history_length: int = 2,
+        max_prompt_length: int | None = None,
+        sync_fn: Callable[[int], int] | None = None,
+        num_env_workers: int = 0,
+        step_timeout: float | None = None,
+        progress: bool = False,
+        require_think: bool = True,
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if history_length < 0:
+            raise ValueError(f"history_length must be >= 0, got {history_length}")
+        self.env_factories = dict(env_factories)
+        self.generate_fn = generate_fn
+        self.tokenize_fn = tokenize_fn
+        self.decode_fn = decode_fn
+        self.max_turns = max_turns
+        self.history_length = history_length
+        self.max_prompt_length = max_prompt_length
+        self.sync_fn = sync_fn
+        self.progress = progress
+        self.require_think = require_think
+        self.pools = {
+            name: EnvPool(factory, num_workers=num_env_workers, step_timeout=step_timeout)
+            for name, factory in self.env_factories.items()
+        }
+        # One probe instance per env for prompt templates / limits; the pool owns the stepping instances.
+        self._templates = {name: factory() for name, factory in self.env_factories.items()}
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        for env in self._templates.values():
+            if hasattr(env, "close"):
+                env.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _env_key(self, task_row: Mapping) -> str:
+        if len(self.env_factories) == 1:
+            return next(iter(self.env_factories))
+        key = task_row.get("env")
+        if key not in self.env_factories:
+            raise ValueError(f"task row has env={key!r}; expected one of {sorted(self.env_factories)}")
+        return key
+
+    def _turn_limit(self, key: str) -> int:
+        env_limit = getattr(self._templates[key], "max_turns", None)
+        return min(self.max_turns, env_limit) if env_limit else self.max_turns
+
+    def _prompt(self, st: dict, turn: int) -> tuple[list[dict], list[int]]:
+        """Messages and token ids of one env's prompt; shrinks the history window to fit the token limit."""
+        env = self._templates[st["key"]]
+        keep = min(self.history_length, len(st["history"]))
+        while True:
+            history = st["history"][len(st["history"]) - keep:] if keep else []
+            messages = build_messages(
+                env, st["instruction"], st["observation"], history, turn, st["limit"], st["admissible"]
+            )
+            ids = self.tokenize_fn([messages])[0]
+            if self.max_prompt_length is None or len(ids) <= self.max_prompt_length:
+                return messages, ids
+            if keep == 0:
+                raise ValueError(
+                    f"prompt of task {st['task']!r} at turn {turn} has {len(ids)} tokens, more than "
+                    f"max_prompt_length={self.max_prompt_length} even with no history; raise max_prompt_length "
+                    "(within the model's context) or shorten the environment's observations"
+                )
+            keep -= 1
+
+    # ------------------------------------------------------------------ main loop
+    def collect(
+        self, tasks: Sequence[Mapping], group_ids: Sequence[Hashable], trajectory_prefix: Hashable = 0
+    ) -> RolloutBatch:
+        """Run one episode per task row (rows of one group are copies of the same task and seed).
+
+        Args:
+            tasks: task rows with ``task`` and optionally ``seed``, ``task_type``, ``env``.
+            group_ids: the task group of each row (same length as ``tasks``).
+            trajectory_prefix: makes trajectory ids unique across ranks: id = ``(prefix, index)``.
+
+        Returns:
+            RolloutBatch with the rows in (turn, environment) order.
+
+        Raises:
+            ValueError: ``tasks`` and ``group_ids`` differ in length, a row lacks ``task``, or a prompt cannot fit
+                ``max_prompt_length``.
+        """
+        if len(tasks) != len(group_ids):
+            raise ValueError(f"tasks ({len(tasks)}) and group_ids ({len(group_ids)}) differ in length")
+        batch = RolloutBatch()
+        states: list[dict] = []
+        by_key: dict[str, list[int]] = {}
+        for i, row in enumerate(tasks):
+            if "task" not in row:
+                raise ValueError(f"task row {i} has no 'task' column (columns: {sorted(row)})")
+            key = self._env_key(row)
+            by_key.setdefault(key, []).append(i)
+            record = TrajectoryRecord((trajectory_prefix, i), group_ids[i], row["task"], row.get("task_type"))
+            batch.trajectories.append(record)
+            states.append({"key": key, "task": row["task"], "seed": row.get("seed"), "record": record,
+                           "history": [], "done": False, "limit": self._turn_limit(key)})
+
+        # Reset: slot j of pool `key` runs task by_key[key][j].
+        for key, idxs in by_key.items():
+            results = self.pools[key].reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
+            for slot, (i, res) in enumerate(zip(idxs, results)):
+                st = states[i]
+                st["slot"] = slot
+                if res.error is not None:
+                    self._fail(st, res.error)
+                    continue
+                st["observation"], st["anchor"] = res.observation, res.anchor
+                st["instruction"] = res.info.get("instruction", "")
+                st["admissible"] = res.info.get("admissible_actions")
+                if st["record"].task_type is None and res.info.get("task_type") is not None:
+                    st["record"].task_type = res.info["task_type"]
+
+        filler: list[int] | None = None
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.max_turns, desc="rollout turns", leave=False)
+        for turn in range(self.max_turns):
+            active = [i for i, st in enumerate(states) if not st["done"]]
+            prompts = [self._prompt(states[i], turn) for i in active]
+            prompt_ids = [ids for _, ids in prompts]
+            if prompt_ids and filler is None:
+                filler = prompt_ids[0]
+            n_global = self.sync_fn(len(active)) if self.sync_fn is not None else len(active)
+            if n_global == 0:
+                break
+            # Filler prompts keep every rank's generate calls equal in number and size (collectives inside).
+            padded = prompt_ids + [filler or [0]] * (n_global - len(prompt_ids))
+            completion_ids, logprobs = self.generate_fn(padded)
+            batch.num_generate_calls += 1
+            completion_ids = [list(c) for c in completion_ids[: len(active)]]
+            texts = self.decode_fn(completion_ids) if active else []
+            actions: dict[str, dict[int, str]] = {}
+            pending = {}
+            for n, i in enumerate(active):
+                st = states[i]
+                fallback = getattr(self._templates[st["key"]], "invalid_action", None)
+                # No env-specific fallback: the env gets the text's tail, as the GiGPO reference does.
+                parsed = parse_action(texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
+                                      require_think=self.require_think)
+                batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids[n]))
+                pending[i] = (prompts[n][0], prompt_ids[n], completion_ids[n],
+                              logprobs[n] if logprobs is not None else None, texts[n], parsed)
+                actions.setdefault(st["key"], {})[st["slot"]] = parsed.action
+            results = {}
+            for key, slot_actions in actions.items():
+                for slot, res in self.pools[key].step(slot_actions).items():
+                    results[(key, slot)] = res
+            for i in active:
+                st = states[i]
+                messages, p_ids, c_ids, logps, text, parsed = pending[i]
+                res = results[(st["key"], st["slot"])]
+                record = st["record"]
+                if res.error is not None:
+                    self._fail(st, res.error)
+                    continue
+                valid = parsed.valid and res.info.get("action_valid", True) is not False
+                last_turn = turn + 1 >= st["limit"]
+                done = bool(res.done) or last_turn
+                batch.rows.append(StepRow(
+                    prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
+                    trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
+                    reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
+                    completion_text=text, prompt_messages=messages,
+                ))
+                record.num_turns += 1
+                record.episode_return += float(res.reward)
+                record.num_invalid += int(not valid)
+                st["history"].append((str(st["observation"]), parsed.action))
+                st["observation"], st["anchor"] = res.observation, res.anchor
+                st["admissible"] = res.info.get("admissible_actions", st["admissible"])
+                if done:
+                    st["done"] = True
+                    record.won = bool(res.info.get("won", res.reward > 0)) if res.done else False
+                    record.truncated = not res.done
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        # Failed trajectories keep no rows: their returns are not samples of the task.
+        failed = {r.trajectory_id for r in batch.trajectories if r.failed}
+        if failed:
+            batch.rows = [row for row in batch.rows if row.trajectory_id not in failed]
+        return batch
+
+    @staticmethod
+    def _fail(st: dict, error: str) -> None:
+        st["done"] = True
+        st["record"].failed = True
+        st["record"].error = error
+        logger.warning("trajectory %s (task %r) failed: %s", st["record"].trajectory_id, st["task"], error)

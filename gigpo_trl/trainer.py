@@ -1,0 +1,413 @@
+"""GiGPOTrainer: TRL's GRPOTrainer with multi-turn rollouts and GiGPO advantages.
+
+The subclass is glue: rollouts come from :class:`~gigpo_trl.rollout.RolloutCollector` (generating through
+TRL's own ``_generate_single_turn``), advantages from :func:`~gigpo_trl.advantage.compute_gigpo_advantages`,
+and the loss, optimizer, logging, checkpointing, PEFT, DeepSpeed and vLLM paths stay TRL's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+from transformers import Trainer
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import pad, use_adapter
+
+from .advantage import compute_gigpo_advantages
+from .config import GiGPOConfig
+from .envs import get_env_class
+from .metrics import anchor_metrics, episode_metrics
+from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
+
+
+def _env_reward(completions, **kwargs):
+    """Placeholder for GRPOTrainer's required reward function: GiGPO's rewards come from the environment."""
+    raise RuntimeError("GiGPOTrainer takes rewards from the environment; this function is never called")
+
+
+def _resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
+    """``env`` as ``{name: zero-argument factory}``; accepts a class, a factory, a registered name, or a dict."""
+    if env is None:
+        raise ValueError("GiGPOTrainer needs env=: an environment class, a factory, a registered name or a dict")
+    if isinstance(env, Mapping):
+        if not env:
+            raise ValueError("env= is an empty dict; give at least one environment")
+        return {str(name): _resolve_envs(factory)[DEFAULT_ENV_KEY] for name, factory in env.items()}
+    if isinstance(env, str):
+        env = get_env_class(env)
+    if not callable(env):
+        raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
+    return {DEFAULT_ENV_KEY: env}
+
+
+class GiGPOTrainer(GRPOTrainer):
+    """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
+
+    Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
+    same state) for up to ``max_turns`` turns; every (environment, turn) becomes one training row whose advantage
+    is A = A_E + ω·A_S (episode-level plus anchor-state step-level advantage). ``step_advantage_weight=0`` is GRPO.
+
+    Args:
+        model (`str` or `PreTrainedModel` or `PeftModel`): the policy; a path/Hub id is loaded by TRL.
+        env: an environment class or zero-argument factory (see :mod:`gigpo_trl.envs.base`), a registered name
+            (``"webshop"``, ``"alfworld"``, ``"frozenlake"``, ``"sokoban"``), or a dict ``{name: env}`` routed by the
+            task dataset's ``env`` column.
+        args (`GiGPOConfig`, *optional*): training configuration.
+        train_dataset (`datasets.Dataset`, *optional*): tasks, columns ``task``, ``seed`` (optional ``task_type``,
+            ``env``). Default: the environment's ``tasks("train")``.
+        eval_dataset (`datasets.Dataset`, *optional*): tasks for :meth:`evaluate`. Default: ``tasks("eval")``.
+        processing_class (`PreTrainedTokenizerBase`, *optional*): tokenizer with a chat template.
+        peft_config (`peft.PeftConfig`, *optional*): LoRA etc., handled by TRL.
+        callbacks, optimizers: as for `transformers.Trainer`.
+
+    Raises:
+        ValueError: bad ``env``, a dataset without a ``task`` column or with fewer tasks than one generation batch
+            needs, a tokenizer without a chat template.
+        TypeError: ``args`` is not a ``GiGPOConfig``.
+
+    Example:
+
+    ```python
+    from gigpo_trl import GiGPOConfig, GiGPOTrainer
+    from gigpo_trl.envs.frozenlake import FrozenLakeEnv
+
+    trainer = GiGPOTrainer(
+        "path/to/model",
+        env=FrozenLakeEnv,
+        args=GiGPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=8, max_turns=8),
+    )
+    trainer.train()
+    ```
+    """
+
+    _tag_names = ["trl", "gigpo"]
+    _name = "GiGPO"
+
+    def __init__(
+        self,
+        model,
+        env: Any = None,
+        args: GiGPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        peft_config=None,
+        callbacks=None,
+        optimizers=(None, None),
+    ):
+        self.env_factories = _resolve_envs(env)
+        if args is None:
+            args = GiGPOConfig(output_dir="gigpo-output")
+        if not isinstance(args, GiGPOConfig):
+            raise TypeError(f"args must be a GiGPOConfig, got {type(args).__name__}")
+        self._probe_env = next(iter(self.env_factories.values()))()
+        if train_dataset is None:
+            train_dataset = self._probe_env.tasks("train")
+        _check_task_dataset(train_dataset, args, "train_dataset")
+        super().__init__(
+            model=model,
+            reward_funcs=[_env_reward],
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        if getattr(self._tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
+                "processing_class.chat_template (e.g. a ChatML template) or use an instruct model's tokenizer"
+            )
+        self.collector = RolloutCollector(
+            self.env_factories,
+            generate_fn=self._generate_turn,
+            tokenize_fn=lambda messages: self._tokenize_prompts(messages)[0],
+            decode_fn=functools.partial(self.processing_class.batch_decode, skip_special_tokens=True),
+            max_turns=args.max_turns,
+            history_length=args.history_length,
+            max_prompt_length=self._resolve_max_prompt_length(),
+            sync_fn=self._sync_max if self.accelerator.num_processes > 1 else None,
+            num_env_workers=args.num_env_workers,
+            step_timeout=args.env_step_timeout,
+            progress=self.accelerator.is_main_process and not args.disable_tqdm,
+            require_think=args.require_think,
+        )
+
+    # ------------------------------------------------------------------ small helpers
+    def _set_signature_columns_if_needed(self):
+        if self._signature_columns is None:
+            self._signature_columns = ["task", "seed", "task_type", "env", "prompt"]
+
+    def _resolve_max_prompt_length(self) -> int | None:
+        if self.args.max_prompt_length is not None:
+            return self.args.max_prompt_length
+        context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return None if context is None else max(1, context - (self.max_completion_length or 0))
+
+    def _generate_turn(self, prompt_ids: list[list[int]]):
+        # num_generations=1: every prompt of a turn is distinct (one per environment).
+        return self._generate_single_turn(prompt_ids, None, {}, 1)
+
+    def _sync_max(self, local: int) -> int:
+        value = torch.tensor([local], device=self.accelerator.device)
+        return int(self.accelerator.gather(value).max().item())
+
+    def _group_ids(self, inputs: list[dict]) -> list[str]:
+        # RepeatSampler yields each task num_generations times in a row over the global generation batch, and
+        # ranks hold consecutive slices of it: the global position // num_generations is the group.
+        offset = self.accelerator.process_index * len(inputs)
+        return [f"{(offset + i) // self.num_generations}:{x['task']!r}:{x.get('seed')!r}" for i, x in
+                enumerate(inputs)]
+
+    # ------------------------------------------------------------------ the override
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        mode = "train" if self.model.training else "eval"
+        rank = self.accelerator.process_index
+        t0 = time.perf_counter()
+        batch = self.collector.collect(inputs, self._group_ids(inputs), trajectory_prefix=rank)
+        rows = batch.rows
+        t_rollout = time.perf_counter() - t0
+
+        # GiGPO advantages over whole task groups: gather every rank's row keys, compute, keep the local slice.
+        t1 = time.perf_counter()
+        keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in rows]
+        all_keys = gather_object(keys) if self.accelerator.num_processes > 1 else keys
+        counts = gather_object([len(rows)]) if self.accelerator.num_processes > 1 else [len(rows)]
+        start = sum(counts[:rank])
+        if all_keys:
+            groups, trajs, anchors, rewards, valid = zip(*all_keys)
+            result = compute_gigpo_advantages(
+                rewards=np.asarray(rewards, dtype=np.float64),
+                group_ids=list(groups),
+                trajectory_ids=list(trajs),
+                anchor_states=list(anchors),
+                action_valid=np.asarray(valid, dtype=bool),
+                gamma=self.args.gamma,
+                step_advantage_weight=self.args.step_advantage_weight,
+                mode=self.args.advantage_mode,
+                invalid_action_penalty=self.args.invalid_action_penalty,
+                episode_stats=self.args.episode_stats,
+                similarity_threshold=self.args.anchor_similarity_threshold,
+            )
+            advantages = np.asarray(result.advantages, dtype=np.float32)[start : start + len(rows)]
+        else:
+            result, advantages = None, np.zeros(0, dtype=np.float32)
+        t_adv = time.perf_counter() - t1
+
+        output = self._rows_to_batch(rows, advantages, counts, mode)
+        self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
+        return output
+
+    def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
+        """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of
+        steps_per_generation rows (``split_tensor_dict`` drops remainders)."""
+        device = self.accelerator.device
+        spg = self.args.steps_per_generation if mode == "train" else 1
+        target = max(spg, math.ceil(max(counts) / spg) * spg)
+        eos = self.eos_token_ids[0]
+        prompt_list = [r.prompt_ids for r in rows]
+        completion_list = [r.completion_ids or [eos] for r in rows]
+        mask_list = [[1] * len(r.completion_ids) if r.completion_ids else [0] for r in rows]
+        logps_list = [r.sampling_logps for r in rows]
+        adv = list(advantages)
+        filler_prompt = prompt_list[0] if prompt_list else [eos]
+        for _ in range(target - len(rows)):
+            prompt_list.append(filler_prompt)
+            completion_list.append([eos])
+            mask_list.append([0])
+            logps_list.append([0.0])
+            adv.append(0.0)
+
+        def _pad(seqs, value, side, dtype=torch.long):
+            return pad([torch.tensor(s, dtype=dtype) for s in seqs], padding_value=value, padding_side=side,
+                       pad_to_multiple_of=self.pad_to_multiple_of).to(device)
+
+        pad_id = self._tokenizer.pad_token_id
+        prompt_ids = _pad(prompt_list, pad_id, "left")
+        prompt_mask = _pad([[1] * len(p) for p in prompt_list], 0, "left")
+        completion_ids = _pad(completion_list, pad_id, "right")
+        completion_mask = _pad(mask_list, 0, "right")
+        if self.mask_truncated_completions:
+            ends = [*self.eos_token_ids, pad_id]
+            truncated = torch.tensor([c[-1] not in ends for c in completion_list], device=device)
+            completion_mask = completion_mask * (~truncated).unsqueeze(1).int()
+        num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
+        output = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "advantages": torch.tensor(adv, dtype=torch.float32, device=device),
+            "num_items_in_batch": num_items_in_batch,
+        }
+        output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode))
+        return output
+
+    def _score_logps(self, prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode) -> dict:
+        """The old / reference / sampling log-probs and vLLM importance-sampling ratio, under the same conditions
+        as ``GRPOTrainer._generate_and_score_completions`` computes them."""
+        out: dict[str, torch.Tensor] = {}
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        is_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        have_sampling = all(lp is not None for lp in logps_list)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
+                out["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                )
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    ref, _, _ = self._get_per_token_logps_and_entropies(
+                        self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                    )
+                else:
+                    unwrapped = self.accelerator.unwrap_model(self.model)
+                    with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+                        ref, _, _ = self._get_per_token_logps_and_entropies(
+                            self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                        )
+                out["ref_per_token_logps"] = ref
+        if have_sampling and self.use_vllm:
+            sampling = pad(
+                [torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32) for lp in logps_list],
+                padding_value=0.0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of,
+            ).to(completion_ids.device)
+            out["sampling_per_token_logps"] = sampling
+            if is_correction:
+                out["importance_sampling_ratio"] = self._importance_ratio(
+                    out["old_per_token_logps"], sampling, completion_mask
+                )
+        return out
+
+    def _importance_ratio(self, old, sampling, mask) -> torch.Tensor:
+        """vLLM-vs-trainer importance ratio, the modes of GRPOConfig.vllm_importance_sampling_mode."""
+        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        if mode.startswith("sequence"):
+            diff = diff.sum(dim=-1, keepdim=True)
+        ratio = torch.exp(diff)
+        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if mode.endswith("truncate"):
+            return torch.clamp(ratio, min=lo, max=hi)
+        lo = -math.inf if lo is None else lo
+        hi = math.inf if hi is None else hi
+        return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+    def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
+        rows = batch.rows
+        multi = self.accelerator.num_processes > 1
+        all_trajs = gather_object(batch.trajectories) if multi else batch.trajectories
+        metrics = episode_metrics(all_trajs)
+        if result is not None:
+            metrics.update(anchor_metrics(result.anchor_group_ids))
+        lengths = [len(r.completion_ids) for r in rows]
+        totals = torch.tensor(
+            [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device
+        )
+        totals = self.accelerator.gather(totals).view(-1, 3).sum(dim=0).tolist()
+        if mode == "train":
+            self.state.num_input_tokens_seen += int(totals[1] + totals[2])
+        metrics["rollout/rows"] = float(totals[0])
+        metrics["rollout/generate_calls"] = float(batch.num_generate_calls)
+        metrics["rollout/max_prompt_tokens"] = float(batch.max_prompt_tokens)
+        metrics["rollout/seconds"] = t_rollout
+        metrics["rollout/advantage_seconds"] = t_adv
+        metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
+        if self.log_completions:
+            self._logs["prompt"].extend(gather_object([r.prompt_messages for r in rows]))
+            self._logs["completion"].extend(gather_object([r.completion_text for r in rows]))
+            self._logs["rewards"]["env"].extend(gather_object([r.reward for r in rows]))
+            self._logs["advantages"].extend(gather_object([float(a) for a in advantages]))
+
+    # ------------------------------------------------------------------ evaluation
+    @contextlib.contextmanager
+    def _eval_sampling(self):
+        """Sample at ``eval_temperature`` (0 = greedy) for the duration of the block."""
+        temperature = self.args.eval_temperature
+        saved = (self.generation_config.do_sample, self.generation_config.temperature,
+                 dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
+        saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
+        try:
+            if saved is not None:
+                greedy = temperature == 0.0
+                self.generation_config.do_sample = not greedy
+                self.generation_kwargs["do_sample"] = not greedy
+                if not greedy:
+                    self.generation_config.temperature = temperature
+                    self.generation_kwargs["temperature"] = temperature
+            if self.use_vllm:
+                self.vllm_generation.temperature = temperature
+            yield
+        finally:
+            if saved is not None:
+                self.generation_config.do_sample, self.generation_config.temperature = saved[0], saved[1]
+                self.generation_kwargs.clear()
+                self.generation_kwargs.update(saved[2])
+            if self.use_vllm:
+                self.vllm_generation.temperature = saved_vllm
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Run one episode per eval task at ``eval_temperature`` and report success rates.
+
+        Returns ``{f"{metric_key_prefix}_success_rate": …, f"{metric_key_prefix}_success_rate/<task_type>": …,
+        return_mean, length_mean, invalid_action_rate, failed_rate}``, also logged through TRL/Trainer logging.
+        Tasks are split across processes; every process returns the same dict.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            dataset = self._probe_env.tasks("eval")
+        if isinstance(dataset, Mapping):
+            metrics = {}
+            for name, part in dataset.items():
+                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        _check_task_dataset(dataset, None, "eval_dataset")
+        tasks = [dict(row) for row in dataset]
+        if self.args.eval_max_tasks is not None:
+            tasks = tasks[: self.args.eval_max_tasks]
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        local = tasks[rank::world]
+        t0 = time.perf_counter()
+        with self._eval_sampling():
+            batch = self.collector.collect(local, [f"eval:{rank}:{i}" for i in range(len(local))],
+                                           trajectory_prefix=("eval", rank))
+        trajectories = gather_object(batch.trajectories) if world > 1 else batch.trajectories
+        metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in episode_metrics(trajectories).items()}
+        metrics[f"{metric_key_prefix}_num_tasks"] = float(len(trajectories))
+        metrics[f"{metric_key_prefix}_runtime"] = time.perf_counter() - t0
+        Trainer.log(self, metrics)  # not GRPOTrainer.log: that would flush the pending train metrics
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+
+def _check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
+    """Fail early on a task dataset the collector cannot use."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None and len(dataset):
+        columns = list(dataset[0])
+    if columns is not None and "task" not in columns:
+        raise ValueError(f"{name} has no 'task' column (columns: {columns}); each row must give the task to reset")
+    if args is not None:
+        needed = args.generation_batch_size // args.num_generations
+        if len(dataset) < needed:
+            raise ValueError(
+                f"{name} has {len(dataset)} tasks, but one generation batch needs {needed} distinct tasks "
+                f"(generation_batch_size={args.generation_batch_size} / num_generations={args.num_generations})"
+            )

@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny offline tokenizer and model (no Hub access), built once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).parent))  # toy_env importable, also by spawned env workers
+
+CORPUS = [
+    "<think>I should move right to reach the end.</think><action>right</action>",
+    "<think>Going left.</think><action>left</action>",
+    "You are at position 1 of a corridor of length 4. Your task: reach the end of the corridor",
+    "Admissible actions: 'left', 'right'. Current observation (turn 0): Think step by step inside",
+    "Your last 2 step(s): [Turn 0 observation] [Turn 0 action] system user assistant",
+    "up down left right search click buy now go to take put open close 0 1 2 3 4 5 6 7 8 9",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from gigpo_trl.models import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(CORPUS, vocab_size=300)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A saved tiny Qwen2 model + tokenizer folder (TRL rebuilds the reference model from it when beta > 0)."""
+    from gigpo_trl.models import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    model = build_tiny_model(tiny_tokenizer)
+    model.save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return str(path)

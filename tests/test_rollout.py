@@ -1,0 +1,144 @@
+"""RolloutCollector with a scripted policy: row bookkeeping, grouping, history window, failures."""
+
+import numpy as np
+import pytest
+from toy_env import CorridorEnv
+
+from gigpo_trl.rollout import RolloutCollector
+
+
+class ScriptedPolicy:
+    """generate_fn stand-in: answers the i-th prompt of every call with scripted[i % len(scripted)]."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer = tokenizer
+        self.texts = texts
+        self.calls = []
+
+    def __call__(self, prompt_ids):
+        self.calls.append(len(prompt_ids))
+        out = [self.tokenizer.encode(self.texts[i % len(self.texts)]) for i in range(len(prompt_ids))]
+        return out, None
+
+
+def make_collector(tokenizer, texts, env=CorridorEnv, **kwargs):
+    policy = ScriptedPolicy(tokenizer, texts)
+    tok = lambda msgs: tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,  # noqa: E731
+                                                      return_dict=True)["input_ids"]
+    collector = RolloutCollector(
+        {"default": env}, generate_fn=policy, tokenize_fn=tok,
+        decode_fn=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), **kwargs,
+    )
+    return collector, policy
+
+
+RIGHT = "<think>r</think><action>right</action>"
+LEFT = "<think>l</think><action>left</action>"
+
+
+def test_rows_equal_sum_of_trajectory_lengths(tiny_tokenizer):
+    # 4 envs: corridor length 4 starting at 0; policies R, L, R, junk (invalid, env gets "stay").
+    collector, policy = make_collector(tiny_tokenizer, [RIGHT, LEFT, RIGHT, "junk"], max_turns=5)
+    tasks = [{"task": 4, "seed": 0}] * 4
+    batch = collector.collect(tasks, group_ids=["g"] * 4)
+    lengths = [t.num_turns for t in batch.trajectories]
+    # env 0 and 2 (always right): 3 turns to reach position 3. env 1 (left) and 3 (stay): all 5 turns.
+    assert lengths == [3, 5, 3, 5]
+    assert len(batch.rows) == sum(lengths) == 16
+    # one generate call per turn, not per environment: 5 turns, sized by the number of active envs
+    assert policy.calls == [4, 4, 4, 2, 2]
+    assert batch.num_generate_calls == 5
+    assert [t.won for t in batch.trajectories] == [True, False, True, False]
+    assert [t.episode_return for t in batch.trajectories] == [1.0, 0.0, 1.0, 0.0]
+    assert [t.truncated for t in batch.trajectories] == [False, True, False, True]
+    # the policy answers by position in the call: once envs 0 and 2 are done, env 3 is second and gets LEFT
+    valid = [r.action_valid for r in batch.rows if r.trajectory_id == (0, 3)]
+    assert valid == [False, False, False, True, True]
+    rewards = [r.reward for r in batch.rows if r.trajectory_id == (0, 0)]
+    assert rewards == [0.0, 0.0, 1.0]
+    assert [r.done for r in batch.rows if r.trajectory_id == (0, 1)] == [False] * 4 + [True]
+
+
+def test_group_starts_from_same_state_and_anchors_repeat(tiny_tokenizer):
+    collector, _ = make_collector(tiny_tokenizer, [RIGHT, LEFT], max_turns=4)
+    batch = collector.collect([{"task": 5, "seed": 2}] * 2, group_ids=["g", "g"])
+    first = [r for r in batch.rows if r.turn == 0]
+    assert first[0].prompt_ids == first[1].prompt_ids
+    assert first[0].anchor_state == first[1].anchor_state == "You are at position 2 of a corridor of length 5."
+    # env 0 goes right and is done after 2 turns; env 1 goes left twice, then (first in the call) right:
+    # positions 2 → 1 → 0 → 1, so position 1 is revisited and its anchor repeats within the trajectory
+    anchors = [r.anchor_state for r in batch.rows if r.trajectory_id == (0, 1)]
+    assert [a.split()[4] for a in anchors] == ["2", "1", "0", "1"]
+
+
+def test_history_length_bounds_prompt(tiny_tokenizer):
+    def longest(max_turns):
+        collector, _ = make_collector(tiny_tokenizer, [LEFT], max_turns=max_turns, history_length=2)
+        batch = collector.collect([{"task": 60, "seed": 0}], group_ids=["g"])
+        assert len(batch.rows) == max_turns
+        return max(len(r.prompt_ids) for r in batch.rows)
+
+    short, long = longest(5), longest(50)
+    assert long <= short
+    collector, _ = make_collector(tiny_tokenizer, [LEFT], max_turns=5, history_length=0)
+    batch = collector.collect([{"task": 60, "seed": 0}], group_ids=["g"])
+    assert max(len(r.prompt_ids) for r in batch.rows) < short
+
+
+def test_history_dropped_before_error(tiny_tokenizer):
+    factory = lambda: CorridorEnv(obs_padding=20)  # noqa: E731
+    collector, _ = make_collector(tiny_tokenizer, [LEFT], env=factory, max_turns=4, history_length=2)
+    full = collector.collect([{"task": 6, "seed": 0}], group_ids=["g"])
+    lengths = [len(r.prompt_ids) for r in full.rows]
+    limit = lengths[0] + 5  # fits turn 0 (no history), not a prompt with one history entry
+    collector, _ = make_collector(tiny_tokenizer, [LEFT], env=factory, max_turns=4, history_length=2,
+                                  max_prompt_length=limit)
+    fitted = collector.collect([{"task": 6, "seed": 0}], group_ids=["g"])
+    assert all(len(r.prompt_ids) <= limit for r in fitted.rows)
+    assert "Your last" not in tiny_tokenizer.decode(fitted.rows[-1].prompt_ids)
+    collector, _ = make_collector(tiny_tokenizer, [LEFT], env=factory, max_turns=4, max_prompt_length=10)
+    with pytest.raises(ValueError, match="max_prompt_length=10 even with no history"):
+        collector.collect([{"task": 6, "seed": 0}], group_ids=["g"])
+
+
+class FlakyEnv(CorridorEnv):
+    """Raises on the second step of the task with seed 1."""
+
+    def reset(self, task, seed=None):
+        self.seed, self.steps = seed, 0
+        return super().reset(task, seed)
+
+    def step(self, action):
+        self.steps += 1
+        if self.seed == 1 and self.steps == 2:
+            raise RuntimeError("simulated crash")
+        return super().step(action)
+
+
+def test_failed_env_ends_only_its_trajectory(tiny_tokenizer):
+    collector, _ = make_collector(tiny_tokenizer, [LEFT], env=FlakyEnv, max_turns=3)
+    batch = collector.collect([{"task": 5, "seed": 0}, {"task": 5, "seed": 1}, {"task": 5, "seed": 2}],
+                              group_ids=["a", "b", "c"])
+    failed = [t.failed for t in batch.trajectories]
+    assert failed == [False, True, False]
+    assert "simulated crash" in batch.trajectories[1].error
+    assert {r.trajectory_id for r in batch.rows} == {(0, 0), (0, 2)}
+    assert len(batch.rows) == 6
+
+
+def test_sync_pads_generate_calls_with_filler(tiny_tokenizer):
+    # Another rank has 3 active envs on every turn: this rank must generate 3 prompts per call, even when done.
+    collector, policy = make_collector(tiny_tokenizer, [RIGHT], max_turns=4, sync_fn=lambda n: 3)
+    batch = collector.collect([{"task": 3, "seed": 0}], group_ids=["g"])
+    assert policy.calls == [3, 3, 3, 3]
+    assert len(batch.rows) == 2  # 0 → 1 → 2 (goal); filler outputs dropped
+
+
+def test_rejects_mismatched_inputs(tiny_tokenizer):
+    collector, _ = make_collector(tiny_tokenizer, [RIGHT], max_turns=2)
+    with pytest.raises(ValueError, match="differ in length"):
+        collector.collect([{"task": 3}], group_ids=[])
+    with pytest.raises(ValueError, match="no 'task' column"):
+        collector.collect([{"seed": 3}], group_ids=["g"])
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        make_collector(tiny_tokenizer, [RIGHT], max_turns=0)

@@ -1,0 +1,73 @@
+"""A small deterministic environment for the collector and trainer tests.
+
+CorridorEnv: positions 0..length-1, start position = seed % (length - 1), goal at length - 1. The move is decided
+by the action text so that a random policy still produces varied, reproducible trajectories: "right" → +1,
+"left" → -1, any other text → +1 if its length is even else -1. Reward 1 on reaching the goal (done). The
+observation has no turn counter, so revisited positions repeat the same anchor state.
+"""
+
+from __future__ import annotations
+
+import datasets
+
+from gigpo_trl.envs.base import TextEnv
+
+
+class CorridorEnv(TextEnv):
+    name = "corridor"
+    invalid_action = "stay"  # the collector sends this for unparsable completions
+
+    def __init__(self, length: int = 4, obs_padding: int = 0):
+        self.length = length
+        self.obs_padding = obs_padding  # extra characters per observation, to size prompts in tests
+
+    def _obs(self) -> str:
+        return f"You are at position {self.pos} of a corridor of length {self.length}." + " ." * self.obs_padding
+
+    def reset(self, task, seed=None):
+        self.length = int(task)
+        self.pos = (seed or 0) % (self.length - 1)
+        return self._obs(), {"instruction": "reach the end of the corridor", "admissible_actions": ["left", "right"],
+                             "task_type": f"len{self.length}"}
+
+    def step(self, action):
+        action = action.strip().lower()
+        if action == "stay":
+            move = 0
+        elif action in ("left", "right"):
+            move = 1 if action == "right" else -1
+        else:
+            move = 1 if len(action) % 2 == 0 else -1
+        self.pos = min(max(self.pos + move, 0), self.length - 1)
+        done = self.pos == self.length - 1
+        return self._obs(), float(done), done, {"admissible_actions": ["left", "right"], "won": done}
+
+    def tasks(self, split="train"):
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r}")
+        base = 0 if split == "train" else 100
+        return datasets.Dataset.from_dict({"task": [3, 4, 5, 6] * 4, "seed": [base + i for i in range(16)]})
+
+
+class NoisyCorridorEnv(CorridorEnv):
+    """CorridorEnv whose unparsable completions reach step() as raw text (invalid_action=None), so a random
+    policy moves by the parity of its text length: varied returns for the trainer tests."""
+
+    invalid_action = None
+
+
+class FixedLengthEnv(CorridorEnv):
+    """Every episode lasts exactly ``task`` turns whatever the actions (reward 1 at the end): fixes the number of
+    rows each task yields, for the multi-process tests."""
+
+    def reset(self, task, seed=None):
+        self.remaining = int(task)
+        return f"{self.remaining} turns left", {"instruction": "wait", "admissible_actions": ["wait"]}
+
+    def step(self, action):
+        self.remaining -= 1
+        done = self.remaining == 0
+        return f"{self.remaining} turns left", float(done), done, {"won": done}
+
+    def tasks(self, split="train"):
+        return datasets.Dataset.from_dict({"task": [1, 3, 2, 4], "seed": [0, 0, 0, 0]})
