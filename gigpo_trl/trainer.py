@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
@@ -27,6 +29,9 @@ from .config import GiGPOConfig
 from .envs import get_env_class
 from .metrics import anchor_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
+
+# Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
+ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
 
 
 def _env_reward(completions, **kwargs):
@@ -71,8 +76,10 @@ class GiGPOTrainer(GRPOTrainer):
 
     Raises:
         ValueError: bad ``env``, a dataset without a ``task`` column or with fewer tasks than one generation batch
-            needs, a tokenizer without a chat template.
-        TypeError: ``args`` is not a ``GiGPOConfig``.
+            needs, a tokenizer without a chat template, a first-turn prompt longer than ``max_prompt_length``.
+        TypeError: ``args`` is not a ``GiGPOConfig``; the env's ``reset`` on the first training task returns a
+            non-``str`` observation without an ``anchor_state`` hook (or no ``(observation, info)`` pair).
+        RuntimeError: the env's ``reset`` raises on the first training task (each env is reset once at init).
 
     Example:
 
@@ -143,8 +150,26 @@ class GiGPOTrainer(GRPOTrainer):
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
         )
+        self._check_first_prompt(train_dataset)
 
     # ------------------------------------------------------------------ small helpers
+    def _check_first_prompt(self, dataset) -> None:
+        """Reset each environment once on its first training task and build that turn's prompt, so a bad
+        observation or a prompt that cannot fit fails here, before any model time is spent (see
+        :meth:`RolloutCollector.check_task`)."""
+        if len(dataset) == 0:
+            return
+        names = getattr(dataset, "column_names", None) or list(dataset[0])
+        column = list(dataset["env"]) if "env" in names and len(self.env_factories) > 1 else None
+        for key in self.env_factories:
+            if column is None:
+                index = 0
+            elif key in column:
+                index = column.index(key)
+            else:
+                continue
+            self.collector.check_task(dataset[index], key)
+
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:
             self._signature_columns = ["task", "seed", "task_type", "env", "prompt"]
@@ -169,6 +194,35 @@ class GiGPOTrainer(GRPOTrainer):
         offset = self.accelerator.process_index * len(inputs)
         return [f"{(offset + i) // self.num_generations}:{x['task']!r}:{x.get('seed')!r}" for i, x in
                 enumerate(inputs)]
+
+    # ------------------------------------------------------------------ checkpoint and resume
+    def _save_checkpoint(self, model, trial):
+        """Also save this process's rollout position: TRL's micro-step counter ``_step`` and, when the checkpoint
+        falls inside a generation cycle, the buffered generation batch the next steps train on. Without them a
+        resumed run would regenerate at once (new samples, a shifted generation cycle) instead of continuing."""
+        if not self.args.save_only_model:
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            reuse = self._buffered_inputs is not None and self._step % generate_every != 0
+            state = {"step": self._step, "buffered_inputs": self._buffered_inputs if reuse else None}
+            # Tensors, lists, dicts and ints only: loadable with torch.load(weights_only=True).
+            torch.save(state, os.path.join(folder, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index)))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index))
+        if os.path.isfile(path):
+            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+            self._step = int(state["step"])
+            self._buffered_inputs = state["buffered_inputs"]
+        else:  # a checkpoint of another version: keep the generation cycle aligned, regenerate at once
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+            self._buffered_inputs = None
 
     # ------------------------------------------------------------------ the override
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 import importlib.util
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,11 @@ def launch(tmp_path, *extra, script_args=(), use_cpu=True):
                TOKENIZERS_PARALLELISM="false")
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *extra, str(SCRIPT), str(tmp_path / "out"),
-           *script_args]
+    with socket.socket() as sock:  # a free port: a fixed one collides with any other launch on the machine
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(port), *extra, str(SCRIPT),
+           str(tmp_path / "out"), *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]

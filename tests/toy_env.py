@@ -71,3 +71,36 @@ class FixedLengthEnv(CorridorEnv):
 
     def tasks(self, split="train"):
         return datasets.Dataset.from_dict({"task": [1, 3, 2, 4], "seed": [0, 0, 0, 0]})
+
+
+class FaultyEnv(FixedLengthEnv):
+    """FixedLengthEnv that misbehaves on command, for the fault tests (tests/test_faults.py).
+
+    ``step`` reacts to the action text: ``"raise"`` raises, ``"nan"`` returns a NaN reward, ``"hang"`` sleeps for a
+    minute (past any test's ``env_step_timeout``), ``"die"`` kills the process it runs in (only ever send it to an
+    env in a worker process). ``reset`` raises on the calls whose ordinal (counted per process, from 1) is in the
+    class attribute ``fail_resets``: a transient failure of one group member.
+    """
+
+    fail_resets: frozenset = frozenset()
+    reset_calls = 0
+
+    def reset(self, task, seed=None):
+        type(self).reset_calls += 1
+        if type(self).reset_calls in type(self).fail_resets:
+            raise ConnectionError(f"simulated transient failure in reset #{type(self).reset_calls}")
+        return super().reset(task, seed)
+
+    def step(self, action):
+        import math
+        import os
+        import time
+
+        if action == "raise":
+            raise RuntimeError("simulated crash in step")
+        if action == "hang":
+            time.sleep(60)
+        if action == "die":
+            os._exit(3)
+        obs, reward, done, info = super().step(action)
+        return obs, math.nan if action == "nan" else reward, done, info

@@ -108,7 +108,7 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
         raise TypeError(f"{type(env).__name__}.reset must return (observation, info: dict), got {out!r:.200}")
     obs, info = out
-    _check_anchor(env, obs, "reset")
+    check_anchor(env, obs, "reset")
     obs2, _ = env.reset(task, seed)
     if env_anchor(env, obs2) != env_anchor(env, obs):
         raise ValueError(
@@ -124,7 +124,7 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
             )
         obs, reward, done, info = out
         validate_reward(reward, f"{type(env).__name__}.step")
-        _check_anchor(env, obs, "step")
+        check_anchor(env, obs, "step")
         if done:
             break
 
@@ -146,7 +146,9 @@ def validate_reward(reward: Any, where: str) -> float:
     return value
 
 
-def _check_anchor(env: Any, obs: Any, method: str) -> None:
+def check_anchor(env: Any, obs: Any, method: str) -> None:
+    """Raise ``TypeError`` (naming ``method``) if ``obs`` is not a ``str`` and the env has no ``anchor_state`` hook,
+    or if the anchor key is unhashable."""
     has_hook = type(env).anchor_state is not TextEnv.anchor_state if isinstance(env, TextEnv) else hasattr(
         env, "anchor_state"
     )

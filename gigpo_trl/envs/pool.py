@@ -15,7 +15,9 @@ Backends:
   ``step_timeout`` bounds each single env call (``reset``, including creating the env the first time, or
   ``step``) and is measured in the parent while it waits. A hung or dead worker is killed and restarted with
   fresh env instances; every slot that lived in it loses its episode (the slots in the failing call get an
-  error result right away, the others get "worker restarted" on their next ``step`` unless reset first).
+  error result right away, the others get "worker restarted" on their next ``step`` unless reset first). The
+  error of the slot whose env call was running when the worker hung or died says so ("timed out", "worker
+  process died"); the other slots of the call are told "worker restarted because another slot ... failed".
 - ``backend="ray"``: one Ray actor per worker instead of a process (needs ``pip install gigpo_trl[ray]``);
   the timeout there bounds a whole worker message (``step_timeout`` times its number of slots).
 
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as _wait_connections
 from typing import Any
 
-from .base import _check_anchor, env_anchor, validate_reward
+from .base import check_anchor, env_anchor, validate_reward
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +175,7 @@ class _SlotRunner:
 def _anchor_of(env: Any, obs: Any, method: str) -> tuple[Hashable, str | None]:
     """``(env_anchor(env, obs), None)``, or ``(None, message)`` when the observation/anchor is unusable."""
     try:
-        _check_anchor(env, obs, method)
+        check_anchor(env, obs, method)
         return env_anchor(env, obs), None
     except Exception as exc:  # noqa: BLE001 - TypeError from the check, anything from a user hook
         return None, f"{type(exc).__name__}: {exc}"
@@ -513,7 +515,9 @@ class EnvPool:
                 except (EOFError, OSError):
                     self._workers[index].process.join(timeout=1)
                     code = self._workers[index].process.exitcode
-                    failed[index] = (f"worker process died (exit code {code})", None)
+                    # Died inside an env call: its progress counter names the slot to blame (else all of them).
+                    blamed = int(self._workers[index].progress[0])
+                    failed[index] = (f"worker process died (exit code {code})", blamed if blamed >= 0 else None)
             if self.step_timeout is not None:
                 now = time.monotonic()
                 for conn, index in list(pending.items()):

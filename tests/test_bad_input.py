@@ -1,0 +1,291 @@
+"""Bad input gets a clear error, as early as possible, naming the bad value and what is allowed.
+
+Every case of docs/errors.md has a test here (or, for model outputs and environment faults at run time, in
+tests/test_faults.py). Each check pins the message text with ``match=``.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+from toy_env import CorridorEnv
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl.envs.base import TextEnv, check_env
+from gigpo_trl.envs.pool import EnvPool
+from gigpo_trl.rollout import RolloutCollector
+
+BASE = dict(output_dir="unused", per_device_train_batch_size=4, steps_per_generation=2, report_to="none",
+            use_cpu=True, bf16=False)
+
+
+def make_args(tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
+        max_steps=1, max_turns=3, max_completion_length=8, bf16=False, gradient_checkpointing=False,
+        report_to="none", save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return GiGPOConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize("overrides, exc, match", [
+    (dict(num_generations=1), ValueError, r"num_generations must be an int >= 2 .* got 1"),
+    (dict(num_generations=0), ValueError, r"num_generations must be an int >= 2 .* got 0"),
+    (dict(num_generations=None), ValueError, r"num_generations must be an int >= 2 .* got None"),
+    # generation batch = 4 per device x 2 steps_per_generation = 8 trajectories
+    (dict(num_generations=3), ValueError, r"generation_batch_size \(8\) must be divisible by num_generations \(3\)"),
+    (dict(num_generations=16), ValueError, r"generation_batch_size \(8\) must be divisible by num_generations \(16\)"),
+    (dict(history_length=-1), ValueError, r"history_length must be >= 0, got -1"),
+    (dict(max_turns=0), ValueError, r"max_turns must be >= 1, got 0"),
+    (dict(gamma=1.5), ValueError, r"gamma must be in \[0, 1\], got 1.5"),
+    (dict(gamma=-0.1), ValueError, r"gamma must be in \[0, 1\], got -0.1"),
+    (dict(gamma=float("nan")), ValueError, r"gamma must be in \[0, 1\], got nan"),
+    (dict(advantage_mode="zscore"), ValueError,
+     r"advantage_mode must be one of \['mean_norm', 'mean_std_norm'\], got 'zscore'"),
+    (dict(episode_stats="steps"), ValueError, r"episode_stats must be one of \['rows', 'trajectories'\], got 'steps'"),
+    (dict(anchor_similarity_threshold=0.0), ValueError,
+     r"anchor_similarity_threshold must be None or in \(0, 1\), got 0.0"),
+    (dict(anchor_similarity_threshold=1.0), ValueError,
+     r"anchor_similarity_threshold must be None or in \(0, 1\), got 1.0"),
+    (dict(anchor_similarity_threshold=1.5), ValueError,
+     r"anchor_similarity_threshold must be None or in \(0, 1\), got 1.5"),
+    (dict(invalid_action_penalty=-1.0), ValueError, r"invalid_action_penalty must be >= 0, got -1.0"),
+    (dict(num_env_workers=-1), ValueError, r"num_env_workers must be >= 0, got -1"),
+    (dict(env_step_timeout=0), ValueError, r"env_step_timeout must be None or > 0, got 0"),
+    (dict(max_prompt_length=0), ValueError, r"max_prompt_length must be None or >= 1, got 0"),
+    (dict(eval_temperature=-1.0), ValueError, r"eval_temperature must be >= 0, got -1.0"),
+])
+def test_config_rejects_bad_values(overrides, exc, match):
+    with pytest.raises(exc, match=match):
+        GiGPOConfig(**{**BASE, "num_generations": 4, **overrides})
+
+
+def test_config_accepts_edge_values():
+    args = GiGPOConfig(**BASE, num_generations=2, gamma=1.0, history_length=0, max_turns=1,
+                       anchor_similarity_threshold=0.5)
+    assert args.generation_batch_size == 8 and args.gamma == 1.0
+
+
+# ----------------------------------------------------------------------------------------------- trainer init
+class BadObsEnv(CorridorEnv):
+    """reset returns a dict observation and the env defines no anchor_state hook."""
+
+    anchor_state = TextEnv.anchor_state  # explicitly the default: no hook
+
+    def reset(self, task, seed=None):
+        obs, info = super().reset(task, seed)
+        return {"text": obs}, info
+
+
+class DictObsWithHookEnv(BadObsEnv):
+    """Same observation, but with an anchor_state hook: allowed."""
+
+    def anchor_state(self, observation):
+        return observation["text"]
+
+
+class ResetRaisesEnv(CorridorEnv):
+    def reset(self, task, seed=None):
+        raise OSError(f"game file for task {task} is missing")
+
+
+class ResetReturnsObsOnlyEnv(CorridorEnv):
+    def reset(self, task, seed=None):
+        return super().reset(task, seed)[0]
+
+
+class LongObsEnv(CorridorEnv):
+    """The observation grows by 40 characters per turn: the first prompts fit, a later one does not."""
+
+    def _obs(self):
+        self.turns = getattr(self, "turns", -1) + 1
+        return f"You are at position {self.pos} of a corridor of length {self.length}." + " ." * (40 * self.turns)
+
+    def reset(self, task, seed=None):
+        self.turns = -1
+        return super().reset(task, seed)
+
+
+def test_trainer_rejects_missing_env_and_unknown_name(tmp_path, tiny_model_dir):
+    with pytest.raises(ValueError, match="GiGPOTrainer needs env="):
+        GiGPOTrainer(tiny_model_dir, env=None, args=make_args(tmp_path))
+    with pytest.raises(ValueError, match=r"unknown environment 'webshopp'; choose one of \["):
+        GiGPOTrainer(tiny_model_dir, env="webshopp", args=make_args(tmp_path))
+    with pytest.raises(TypeError, match="env must be an environment class or a zero-argument factory, got int"):
+        GiGPOTrainer(tiny_model_dir, env=3, args=make_args(tmp_path))
+    with pytest.raises(TypeError, match="args must be a GiGPOConfig, got TrainingArguments"):
+        from transformers import TrainingArguments
+
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True))
+
+
+def test_dataset_too_small_and_missing_task_column(tmp_path, tiny_model_dir, tiny_tokenizer):
+    args = make_args(tmp_path)  # generation batch 8 / num_generations 4 = 2 distinct tasks
+    one_task = datasets.Dataset.from_dict({"task": [4], "seed": [0]})
+    with pytest.raises(ValueError, match=r"train_dataset has 1 tasks, but one generation batch needs 2 distinct tasks "
+                                         r"\(generation_batch_size=8 / num_generations=4\)"):
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=one_task,
+                     processing_class=tiny_tokenizer)
+    no_task = datasets.Dataset.from_dict({"prompt": ["a", "b", "c"], "seed": [0, 1, 2]})
+    with pytest.raises(ValueError, match=r"train_dataset has no 'task' column \(columns: \['prompt', 'seed'\]\)"):
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=no_task,
+                     processing_class=tiny_tokenizer)
+
+
+def test_env_with_non_string_observation_fails_at_init(tmp_path, tiny_model_dir, tiny_tokenizer):
+    with pytest.raises(TypeError, match=r"init check on the first training task 3: BadObsEnv.reset returned a dict "
+                                        r"observation; observations must be str, or the env must define anchor_state"):
+        GiGPOTrainer(tiny_model_dir, env=BadObsEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    # with an anchor_state hook a non-str observation is fine
+    trainer = GiGPOTrainer(tiny_model_dir, env=DictObsWithHookEnv, args=make_args(tmp_path),
+                           processing_class=tiny_tokenizer)
+    trainer.collector.close()
+    # check_env says the same
+    with pytest.raises(TypeError, match="observations must be str"):
+        check_env(BadObsEnv(), task=4, seed=0)
+
+
+def test_env_reset_failing_on_first_task_fails_at_init(tmp_path, tiny_model_dir, tiny_tokenizer):
+    with pytest.raises(RuntimeError, match=r"init check: reset of ResetRaisesEnv \(env 'default'\) on the first "
+                                           r"training task 3, seed 0 raised OSError: game file for task 3 is missing"):
+        GiGPOTrainer(tiny_model_dir, env=ResetRaisesEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    with pytest.raises(TypeError, match=r"must return \(observation, info: dict\), got 'You are at position 0"):
+        GiGPOTrainer(tiny_model_dir, env=ResetReturnsObsOnlyEnv, args=make_args(tmp_path),
+                     processing_class=tiny_tokenizer)
+
+
+def test_env_routing_checks_every_env_at_init(tmp_path, tiny_model_dir, tiny_tokenizer):
+    tasks = datasets.Dataset.from_dict({"task": [4, 5, 4, 5], "seed": [0, 1, 2, 3], "env": ["ok", "bad"] * 2})
+    with pytest.raises(TypeError, match="first training task 5: BadObsEnv.reset returned a dict"):
+        GiGPOTrainer(tiny_model_dir, env={"ok": CorridorEnv, "bad": BadObsEnv}, args=make_args(tmp_path),
+                     train_dataset=tasks, processing_class=tiny_tokenizer)
+
+
+def test_tokenizer_without_chat_template(tmp_path, tiny_model_dir, tiny_tokenizer):
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="the tokenizer has no chat template, and GiGPO prompts are chat messages"):
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tokenizer)
+
+
+def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
+    # even the first prompt (no history) is longer than max_prompt_length: caught at init
+    with pytest.raises(ValueError, match=r"prompt of task 3 at turn 0 has \d+ tokens, more than max_prompt_length=16 "
+                                         r"even with no history; raise max_prompt_length"):
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=16),
+                     processing_class=tiny_tokenizer)
+    # the first prompts fit, a later one does not even after dropping the history: a clear error at rollout time
+    trainer = GiGPOTrainer(tiny_model_dir, env=LongObsEnv, args=make_args(tmp_path, max_turns=6),
+                           processing_class=tiny_tokenizer)
+    first = len(trainer.collector._prompt(
+        {"key": "default", "task": 6, "instruction": "reach the end of the corridor", "history": [], "limit": 6,
+         "observation": LongObsEnv().reset(6, 0)[0], "admissible": ["left", "right"]}, 0)[1])
+    trainer.collector.max_prompt_length = first + 30  # turn 0 fits, turn 1 (+40 characters) does not
+    right = tiny_tokenizer.encode("<think>x</think><action>left</action>")
+    trainer.collector.generate_fn = lambda prompt_ids: ([right] * len(prompt_ids), None)
+    with pytest.raises(ValueError, match=rf"prompt of task 6 at turn 1 has \d+ tokens, more than "
+                                         rf"max_prompt_length={first + 30} even with no history"):
+        trainer._generate_and_score_completions([{"task": 6, "seed": 0}] * 4 + [{"task": 6, "seed": 1}] * 4)
+    trainer.collector.close()
+
+
+def test_evaluate_rejects_dataset_without_task(tmp_path, tiny_model_dir, tiny_tokenizer):
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    with pytest.raises(ValueError, match=r"eval_dataset has no 'task' column \(columns: \['goal'\]\)"):
+        trainer.evaluate(datasets.Dataset.from_dict({"goal": [1, 2]}))
+    trainer.collector.close()
+
+
+# ----------------------------------------------------------------------------------------------- env values
+class NanRewardEnv(CorridorEnv):
+    """Returns a NaN reward for seed 1 and an infinite one for seed 2."""
+
+    def reset(self, task, seed=None):
+        self.seed = seed
+        return super().reset(task, seed)
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return obs, {1: float("nan"), 2: float("inf")}.get(self.seed, reward), done, info
+
+
+def test_non_finite_reward_fails_its_trajectory_with_a_clear_error(tiny_tokenizer):
+    move = tiny_tokenizer.encode("<think>l</think><action>left</action>")
+    collector = RolloutCollector(
+        {"default": NanRewardEnv}, generate_fn=lambda p: ([move] * len(p), None),
+        tokenize_fn=lambda msgs: tiny_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                                    return_dict=True)["input_ids"],
+        decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True), max_turns=2,
+    )
+    batch = collector.collect([{"task": 5, "seed": s} for s in (0, 1, 2)], group_ids=["g"] * 3)
+    ok, nan, inf = batch.trajectories
+    assert not ok.failed and nan.failed and inf.failed
+    assert nan.error == ("slot 1, task 5: NanRewardEnv.step returned reward nan; rewards must be finite "
+                         "(not NaN or inf)")
+    assert inf.error == ("slot 2, task 5: NanRewardEnv.step returned reward inf; rewards must be finite "
+                         "(not NaN or inf)")
+    assert {r.trajectory_id for r in batch.rows} == {ok.trajectory_id}
+    collector.close()
+    with EnvPool(NanRewardEnv) as pool:
+        pool.reset([4], [1])
+        assert "returned reward nan" in pool.step({0: "right"})[0].error
+    with pytest.raises(ValueError, match="NanRewardEnv.step returned reward nan; rewards must be finite"):
+        check_env(NanRewardEnv(), task=4, seed=1)
+
+
+# ----------------------------------------------------------------------------------------------- data files
+def test_webshop_data_dir_missing_or_malformed(tmp_path):
+    from gigpo_trl.envs.webshop import WebShopEnv, load_bundled
+
+    with pytest.raises(FileNotFoundError, match=r"WebShop data directory not found: .*nowhere \(expected a directory "
+                                                r"with items_shuffle_1000.json and items_ins_v2_1000.json\)"):
+        WebShopEnv(data_dir=tmp_path / "nowhere")
+    data = tmp_path / "ws"
+    data.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"WebShop data file not found: .*items_shuffle_1000.json \(expected a "
+                                                r"JSON list of WebShop products"):
+        WebShopEnv(data_dir=data)
+    products = data / "items_shuffle_1000.json"
+    products.write_text("[{not json")
+    with pytest.raises(ValueError, match=r"WebShop data file .*items_shuffle_1000.json is not valid JSON"):
+        WebShopEnv(data_dir=data)
+    products.write_text(json.dumps([{"asin": "B0X", "name": "lamp"}]))
+    with pytest.raises(FileNotFoundError, match=r"WebShop data file not found: .*items_ins_v2_1000.json \(expected a "
+                                                r"JSON object mapping asin"):
+        WebShopEnv(data_dir=data)
+    instructions = data / "items_ins_v2_1000.json"
+    instructions.write_text(json.dumps({"B0X": {"instruction": "a lamp"}}))
+    products.write_text(json.dumps({"asin": "B0X"}))
+    with pytest.raises(ValueError, match=r"items_shuffle_1000.json: top level is a dict; expected a JSON list"):
+        WebShopEnv(data_dir=data)
+    products.write_text(json.dumps([{"asin": "B0X", "name": "lamp"}]))
+    instructions.write_text(json.dumps(["B0X"]))
+    with pytest.raises(ValueError, match=r"items_ins_v2_1000.json: expected a JSON object mapping asin"):
+        WebShopEnv(data_dir=data)
+    instructions.write_text(json.dumps({"B0X": {"instruction": ""}}))
+    with pytest.raises(ValueError, match=r"items_ins_v2_1000.json: no product of items_shuffle_1000.json has an "
+                                         r"instruction"):
+        WebShopEnv(data_dir=data)
+    products.write_text(json.dumps(["B0X"]))
+    with pytest.raises(ValueError, match=r"items_shuffle_1000.json: every entry must be a product dict with an 'asin'"):
+        WebShopEnv(data_dir=data)
+    with pytest.raises(ValueError, match=r"unknown WebShop data variant '500'; use '1000' or 'full'"):
+        WebShopEnv(data_dir=data, variant="500")
+    with pytest.raises(FileNotFoundError, match=r"catalog.json.gz \(expected a gzipped JSON object.*regenerate it with "
+                                                r"scripts/make_webshop_catalog.py"):
+        load_bundled(tmp_path)
+
+
+def test_alfworld_data_dir_missing():
+    pytest.importorskip("alfworld")
+    module = Path(__file__).resolve().parent.parent / "gigpo_trl" / "envs" / "alfworld.py"
+    if not module.is_file():
+        pytest.skip("gigpo_trl/envs/alfworld.py is not there yet")
+    from gigpo_trl.envs.alfworld import ALFWorldEnv
+
+    with pytest.raises(FileNotFoundError, match="/nonexistent"):
+        ALFWorldEnv(data_dir="/nonexistent")

@@ -1,0 +1,203 @@
+"""Model output of any shape and environment faults never crash a run, through the trainer.
+
+A scripted ``generate_fn`` replaces the model's sampling; FaultyEnv (tests/toy_env.py) misbehaves on command. Every
+episode of FixedLengthEnv/FaultyEnv with task 3 lasts exactly 3 turns, so the i-th prompt of a generate call is
+the i-th still-running trajectory, and the script can aim at one trajectory.
+"""
+
+import logging
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from toy_env import FaultyEnv, FixedLengthEnv
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
+
+MAX_COMPLETION = 12
+WAIT = "<think>w</think><action>wait</action>"
+
+
+def make_args(tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
+        max_steps=1, max_turns=3, max_completion_length=MAX_COMPLETION, bf16=False, gradient_checkpointing=False,
+        learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, seed=0,
+        disable_tqdm=True,
+    )
+    kwargs.update(overrides)
+    return GiGPOConfig(**kwargs)
+
+
+def expected_advantages(rows, penalty=0.1):
+    return compute_gigpo_advantages(
+        rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
+        trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
+        action_valid=np.array([r.action_valid for r in rows]), gamma=0.95, step_advantage_weight=1.0,
+        mode="mean_norm", invalid_action_penalty=penalty,
+    ).advantages
+
+
+def capture(trainer):
+    """Record (rollout batch, trainer output) of every generation."""
+    seen = []
+    collect, score = trainer.collector.collect, trainer._generate_and_score_completions
+
+    def wrapped_collect(*args, **kwargs):
+        seen.append({"batch": collect(*args, **kwargs)})
+        return seen[-1]["batch"]
+
+    def wrapped_score(inputs):
+        out = score(inputs)
+        seen[-1]["out"] = out
+        return out
+
+    trainer.collector.collect = wrapped_collect
+    trainer._generate_and_score_completions = wrapped_score
+    return seen
+
+
+TASKS_3 = [{"task": 3, "seed": 0}] * 4 + [{"task": 3, "seed": 1}] * 4  # two groups of 4, 3 turns each
+
+
+# ----------------------------------------------------------------------------------------------- model output
+def test_model_output_of_any_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
+    tok = tiny_tokenizer
+    eos = tok.eos_token_id
+    cut = tok.encode("<think>go</think><action>wait and wait and wait and wait")[:MAX_COMPLETION]
+    assert len(cut) == MAX_COMPLETION and eos not in cut
+    broken_utf8 = tok.encode("☃")[:1] + tok.encode("🙂")[:2]
+    scripted = [  # as sampled: ending with the end token, except the cut one
+        [],                                                                              # 0: zero tokens
+        tok.encode("I will just wait here") + [eos],                                     # 1: no tags
+        tok.encode("<think>a</think><action>wait</action><action>wait</action>") + [eos],  # 2: several actions
+        tok.encode("<think>思考 é</think><action>wait é</action>") + [eos],               # 3: non-ASCII, valid
+        cut,                                                                             # 4: cut at the limit
+        tok.encode(WAIT) + [eos],                                                        # 5: well formed
+        broken_utf8 + [eos],                                                             # 6: decodes to U+FFFD
+        [eos],                                                                           # 7: only the end token
+    ]
+    valid = [False, False, False, True, False, True, False, False]
+    trainer = GiGPOTrainer(tiny_model_dir, env=FixedLengthEnv, args=make_args(tmp_path), processing_class=tok)
+    trainer.collector.generate_fn = lambda prompt_ids: ([scripted[i] for i in range(len(prompt_ids))], None)
+    seen = capture(trainer)
+    trainer.model.train()  # as inside train(): the "train" mode of the metrics and batch layout
+    out = trainer._generate_and_score_completions(TASKS_3)
+    rows = seen[0]["batch"].rows
+    assert len(rows) == 24 and not any(t.failed for t in seen[0]["batch"].trajectories)
+    assert [r.action_valid for r in rows[:8]] == valid
+    assert "\ufffd" in rows[6].completion_text and "思考" in rows[3].completion_text
+    n = len(rows)
+    # the trainer's advantages are the estimator's on the same rows, penalty included
+    torch.testing.assert_close(out["advantages"][:n], torch.tensor(expected_advantages(rows), dtype=torch.float32))
+    assert np.allclose(expected_advantages(rows, penalty=0.0), 0.0)  # equal rewards: all signal is the penalty
+    adv = out["advantages"][:8]
+    assert adv[3] > 0 and adv[5] > 0 and all(adv[i] < 0 for i in range(8) if not valid[i])
+    # an empty completion carries no loss token; the cut one keeps its tokens (mask_truncated_completions=False)
+    mask = out["completion_mask"]
+    for i, row in enumerate(rows):
+        assert mask[i].sum().item() == len(row.completion_ids), i
+    empty_rows = [i for i, r in enumerate(rows) if not r.completion_ids]
+    assert len(empty_rows) == 3 and all(mask[i].sum() == 0 for i in empty_rows)
+    assert out["completion_ids"][empty_rows[0], 0] == eos
+    assert out["num_items_in_batch"] == mask.sum()
+    assert torch.isfinite(out["old_per_token_logps"]).all()
+    # with mask_truncated_completions the cut completion drops out of the loss too; the empty one stays masked
+    trainer.mask_truncated_completions = True
+    masked = trainer._rows_to_batch(rows, np.zeros(n, dtype=np.float32), [n], "train")["completion_mask"]
+    assert masked[4].sum() == 0 and masked[0].sum() == 0 and masked[5].sum() > 0
+    trainer.mask_truncated_completions = False
+    # and a full training step on such output completes with a finite loss
+    trainer.collector.generate_fn = lambda prompt_ids: ([scripted[i % 8] for i in range(len(prompt_ids))], None)
+    trainer.train()
+    assert trainer.state.global_step == 1 and np.isfinite(trainer.state.log_history[0]["loss"])
+    trainer.collector.close()
+
+
+# ----------------------------------------------------------------------------------------------- env faults
+class ScriptByCall:
+    """generate_fn: the text for position ``pos`` of generate call ``call`` is ``script[call][pos]``, else WAIT;
+    position 0 always answers junk (an invalid action) so that the groups' advantages are not all zero."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+
+    def __call__(self, prompt_ids):
+        plan = self.script.get(self.calls, {})
+        self.calls += 1
+        texts = [plan.get(pos, "junk" if pos == 0 else WAIT) for pos in range(len(prompt_ids))]
+        return [self.tokenizer.encode(t) + [self.tokenizer.eos_token_id] for t in texts], None
+
+
+def check_healthy_group_statistics(entry, failed):
+    batch, out = entry["batch"], entry["out"]
+    assert {i for i, t in enumerate(batch.trajectories) if t.failed} == failed
+    assert all(r.trajectory_id[1] not in failed for r in batch.rows)
+    healthy = [t for t in batch.trajectories if not t.failed]
+    assert len(batch.rows) == sum(t.num_turns for t in healthy) == 3 * len(healthy)
+    advantages = out["advantages"][: len(batch.rows)]
+    torch.testing.assert_close(advantages, torch.tensor(expected_advantages(batch.rows), dtype=torch.float32))
+    assert advantages.abs().sum() > 0
+
+
+def test_env_faults_in_process(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch, caplog):
+    trainer = GiGPOTrainer(tiny_model_dir, env=FaultyEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    # the 3rd reset (slot 2) fails; at turn 0 the 7 running trajectories are 0, 1, 3, 4, 5, 6, 7:
+    # position 1 = trajectory 1 raises in step, position 4 = trajectory 5 returns a NaN reward
+    monkeypatch.setattr(FaultyEnv, "fail_resets", frozenset({3}))
+    monkeypatch.setattr(FaultyEnv, "reset_calls", 0)
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {1: "<action>raise</action>",
+                                                                      4: "<action>nan</action>"}})
+    seen = capture(trainer)
+    trainer.model.train()
+    with caplog.at_level(logging.WARNING, logger="gigpo_trl.rollout"):
+        trainer._generate_and_score_completions(TASKS_3)
+    check_healthy_group_statistics(seen[0], failed={1, 2, 5})
+    errors = {i: t.error for i, t in enumerate(seen[0]["batch"].trajectories) if t.failed}
+    assert errors[2] == "slot 2, task 3: reset raised ConnectionError: simulated transient failure in reset #3"
+    assert errors[1] == "slot 1, task 3: step('raise') raised RuntimeError: simulated crash in step"
+    assert errors[5] == ("slot 5, task 3: FaultyEnv.step returned reward nan; rewards must be finite "
+                         "(not NaN or inf)")
+    assert "trajectory (0, 1) (task 3) failed: slot 1, task 3: step('raise') raised RuntimeError" in caplog.text
+    assert trainer._metrics["train"]["episode/failed_rate"][-1] == pytest.approx(3 / 8)
+    # the pool is still usable: the next rollout is healthy
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {})
+    trainer._generate_and_score_completions(TASKS_3)
+    assert not any(t.failed for t in seen[1]["batch"].trajectories)
+    assert trainer._metrics["train"]["episode/failed_rate"][-1] == 0.0
+    trainer.collector.close()
+
+
+def test_env_faults_in_workers_hang_and_death(tmp_path, tiny_model_dir, tiny_tokenizer, caplog):
+    """num_env_workers=2 (slot i lives in worker i % 2), env_step_timeout=2 s, two training iterations:
+    iteration 1, turn 0: trajectory 5 kills its worker (1); iteration 2, turn 1: trajectory 6 hangs in worker 0.
+    A dead or hung worker is replaced, and the episodes of its other slots are lost with it (failed, 'worker
+    restarted'); the other worker's trajectories train, and the run goes on."""
+    tasks = datasets.Dataset.from_dict({"task": [3, 3, 3, 3], "seed": [0, 1, 2, 3]})
+    args = make_args(tmp_path, max_steps=4, num_env_workers=2, env_step_timeout=2.0)
+    trainer = GiGPOTrainer(tiny_model_dir, env=FaultyEnv, args=args, train_dataset=tasks,
+                           processing_class=tiny_tokenizer)
+    pool = trainer.collector.pools["default"]
+    pids = pool.worker_pids()
+    # generate calls: 0-2 iteration 1 (8, 4, 4 prompts), 3-5 iteration 2 (8, 8, 4 prompts)
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {5: "<action>die</action>"},
+                                                                  4: {6: "<action>hang</action>"}})
+    seen = capture(trainer)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert trainer.state.global_step == 4 and len(seen) == 2
+    check_healthy_group_statistics(seen[0], failed={1, 3, 5, 7})
+    check_healthy_group_statistics(seen[1], failed={0, 2, 4, 6})
+    first, second = seen[0]["batch"].trajectories, seen[1]["batch"].trajectories
+    assert first[5].error.startswith("slot 5, task 3: step failed: worker process died (exit code 3)")
+    assert "worker restarted because another slot of worker 1 failed" in first[3].error
+    assert second[6].error == "slot 6, task 3: step failed: timed out after 2.0s"
+    assert "worker restarted because another slot of worker 0 failed (timed out" in second[0].error
+    assert "restarting worker 1" in caplog.text and "restarting worker 0" in caplog.text
+    new_pids = pool.worker_pids()
+    assert new_pids[0] != pids[0] and new_pids[1] != pids[1] and None not in new_pids
+    rates = [log["episode/failed_rate"] for log in trainer.state.log_history if "episode/failed_rate" in log]
+    assert rates == [0.5, 0.5]
+    assert all(np.isfinite(log["loss"]) for log in trainer.state.log_history if "loss" in log)
+    trainer.collector.close()

@@ -1,0 +1,133 @@
+"""Checkpoint and resume: a run stopped after step k and resumed from checkpoint-k matches the uninterrupted run
+(same tasks rolled out, same advantages, same weights within a CPU tolerance)."""
+
+import numpy as np
+import pytest
+import torch
+from toy_env import NoisyCorridorEnv
+from transformers import TrainerCallback
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer
+
+
+def make_args(output_dir, **overrides):
+    kwargs = dict(
+        output_dir=str(output_dir), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
+        max_steps=3, max_turns=3, max_completion_length=10, bf16=False, gradient_checkpointing=False,
+        learning_rate=5e-2, report_to="none", save_strategy="steps", save_steps=1, logging_steps=1, use_cpu=True,
+        seed=0, disable_tqdm=True, save_only_model=False,
+    )
+    kwargs.update(overrides)
+    return GiGPOConfig(**kwargs)
+
+
+class StopAt(TrainerCallback):
+    """Simulates a preemption: training stops right after global step ``k`` (its checkpoint is written)."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.k:
+            control.should_training_stop = True
+        return control
+
+
+def record(trainer):
+    """Wrap the collector and the advantage output: one entry per generation (rollout) of the run."""
+    log = []
+    collect = trainer.collector.collect
+    score = trainer._generate_and_score_completions
+
+    def wrapped_collect(inputs, *args, **kwargs):
+        batch = collect(inputs, *args, **kwargs)
+        log.append({"step": trainer.state.global_step, "tasks": [(x["task"], x["seed"]) for x in inputs],
+                    "rewards": [r.reward for r in batch.rows], "completions": [r.completion_ids for r in batch.rows]})
+        return batch
+
+    def wrapped_score(inputs):
+        out = score(inputs)
+        log[-1]["advantages"] = out["advantages"].detach().clone()
+        return out
+
+    trainer.collector.collect = wrapped_collect
+    trainer._generate_and_score_completions = wrapped_score
+    return log
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def build(tiny_model_dir, tiny_tokenizer, output_dir, callbacks=None):
+    return GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(output_dir),
+                        processing_class=tiny_tokenizer, callbacks=callbacks)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    out = tmp_path_factory.mktemp("run-a")
+    trainer = build(tiny_model_dir, tiny_tokenizer, out)
+    log = record(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    # generation every steps_per_generation=2 steps: before step 1 and before step 3
+    assert [entry["step"] for entry in log] == [0, 2]
+    return out, log, weights(trainer.model)
+
+
+# k=2: the checkpoint falls on a generation boundary; k=1: mid-way (the step-2 batch comes from the buffered
+# generation of step 1, which the checkpoint must carry).
+@pytest.mark.parametrize("k", [2, 1])
+def test_resume_matches_uninterrupted(k, tmp_path, tiny_model_dir, tiny_tokenizer, uninterrupted):
+    _, log_a, weights_a = uninterrupted
+    out = tmp_path / "run-b"
+    first = build(tiny_model_dir, tiny_tokenizer, out, callbacks=[StopAt(k)])
+    first.train()
+    assert first.state.global_step == k
+    checkpoint = out / f"checkpoint-{k}"
+    assert (checkpoint / "rng_state.pth").is_file() and (checkpoint / "optimizer.pt").is_file()
+    first.collector.close()
+    del first
+
+    resumed = build(tiny_model_dir, tiny_tokenizer, out)
+    log_b = record(resumed)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 3
+    # the resumed run generates only where the uninterrupted one did: before step 3
+    assert [entry["step"] for entry in log_b] == [2]
+    a, b = log_a[1], log_b[0]
+    assert b["tasks"] == a["tasks"], "the task sampler position was not restored"
+    assert b["completions"] == a["completions"], "the sampling RNG was not restored"
+    assert b["rewards"] == a["rewards"]
+    torch.testing.assert_close(b["advantages"], a["advantages"])
+    final = weights(resumed.model)
+    assert final.keys() == weights_a.keys()
+    for name in final:
+        torch.testing.assert_close(final[name], weights_a[name], rtol=1e-4, atol=1e-5, msg=name)
+    # the steps changed the weights (else the comparison above proves nothing)
+    initial = weights(GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(tmp_path / "init"),
+                                   processing_class=tiny_tokenizer).model)
+    assert any(not torch.allclose(initial[n], final[n]) for n in final)
+    assert np.isfinite(resumed.state.log_history[-1]["train_loss"])
+
+
+def test_hub_token_never_written_or_logged(tmp_path, tiny_model_dir, tiny_tokenizer, capsys, caplog):
+    import pickle
+
+    secret = "hf_DoNotLeakThisToken123"
+    args = make_args(tmp_path / "out", max_steps=1, hub_token=secret)
+    assert secret not in str(args) and secret not in repr(args.to_dict())
+    assert secret not in repr(pickle.loads(pickle.dumps(args)).__dict__)
+    assert args.hub_token == secret  # the live config keeps it for push_to_hub
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer.train()
+    files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert any(p.name == "training_args.bin" for p in files) and any(p.name == "README.md" for p in files)
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), path
+    saved = torch.load(next(p for p in files if p.name == "training_args.bin"), weights_only=False)
+    assert saved.hub_token is None and saved.max_turns == args.max_turns
+    out = capsys.readouterr()
+    assert secret not in out.out + out.err + caplog.text
+    assert secret not in repr(trainer.state.log_history)
