@@ -12,6 +12,7 @@ import functools
 import math
 import os
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -229,7 +230,10 @@ class GiGPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
-        batch = self.collector.collect(inputs, self._group_ids(inputs), trajectory_prefix=rank)
+        group_ids = self._group_ids(inputs)
+        batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
+        if self.args.dynamic_sampling and mode == "train":
+            batch = self._resample_flat_groups(list(inputs), group_ids, batch)
         rows = batch.rows
         t_rollout = time.perf_counter() - t0
 
@@ -262,6 +266,40 @@ class GiGPOTrainer(GRPOTrainer):
         output = self._rows_to_batch(rows, advantages, counts, mode)
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
+
+    def _resample_flat_groups(self, inputs: list[dict], group_ids: list[str], batch):
+        """Dynamic sampling (DAPO, arXiv 2503.14476, Sec. 3.2): a task group whose trajectory returns are all equal
+        carries no episode-level signal; roll out a fresh task in its place, up to ``max_dynamic_sampling_rounds``
+        extra rounds. Every rank takes the same decisions (gathered returns, replacement tasks chosen by a hash of
+        the group id, round and step), so all ranks make the same collect calls. Groups still flat after the last
+        round are kept."""
+        multi = self.accelerator.num_processes > 1
+        dataset = self.train_dataset
+        replaced = 0
+        for round_ in range(1, self.args.max_dynamic_sampling_rounds + 1):
+            local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
+            returns: dict[str, set] = {}
+            for group, value in (gather_object(local) if multi else local):
+                returns.setdefault(group, set()).add(round(value, 9))
+            flat = {g for g, values in returns.items() if len(values) == 1}
+            if not flat:
+                break
+            replaced += len(flat)
+            positions = [i for i, g in enumerate(group_ids) if g in flat]
+            for i in positions:
+                key = f"{group_ids[i]}|{round_}|{self.state.global_step}"
+                inputs[i] = dict(dataset[zlib.crc32(key.encode()) % len(dataset)])
+                group_ids[i] = f"{group_ids[i]}|r{round_}"
+            fresh = self.collector.collect([inputs[i] for i in positions], [group_ids[i] for i in positions],
+                                           trajectory_prefix=(self.accelerator.process_index, round_))
+            dropped = {batch.trajectories[i].trajectory_id for i in positions}
+            batch.rows = [r for r in batch.rows if r.trajectory_id not in dropped] + fresh.rows
+            for n, i in enumerate(positions):
+                batch.trajectories[i] = fresh.trajectories[n]
+            batch.num_generate_calls += fresh.num_generate_calls
+            batch.max_prompt_tokens = max(batch.max_prompt_tokens, fresh.max_prompt_tokens)
+        self._metrics["train"]["dynamic_sampling/replaced_groups"].append(float(replaced))
+        return batch
 
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of

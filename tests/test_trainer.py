@@ -35,6 +35,7 @@ def test_advantages_equal_estimator_on_same_rows(tmp_path, tiny_model_dir, tiny_
     args = make_args(tmp_path, step_advantage_weight=1.0, advantage_mode="mean_norm")
     trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
     batches = capture_rollouts(trainer)
+    trainer.model.train()  # as inside Trainer.train: padding to steps_per_generation applies in train mode
     inputs = [{"task": 4, "seed": 1}] * 4 + [{"task": 5, "seed": 2}] * 4
     out = trainer._generate_and_score_completions(inputs)
     rows = batches[0].rows
@@ -119,3 +120,27 @@ def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_t
     assert metrics["eval_num_tasks"] == 16 and metrics["eval_invalid_action_rate"] == 0.0
     assert seen and not any(seen), "evaluation must be greedy at eval_temperature=0"
     assert trainer.generation_config.do_sample, "sampling must be restored after evaluation"
+
+
+def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer):
+    import datasets
+
+    # Train tasks: corridors of length 3 from position 0. A policy alternating right/left by position in the call
+    # wins with some envs only, so a length-3 group is not flat. The length-60
+    # group passed in below can never be finished in 4 turns: all returns 0, flat, and must be replaced.
+    train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
+    args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2)
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=train,
+                           processing_class=tiny_tokenizer)
+    texts = ["<think>r</think><action>right</action>", "<think>l</think><action>left</action>"]
+    trainer.collector.generate_fn = lambda ids: ([tiny_tokenizer.encode(texts[i % 2]) for i in range(len(ids))], None)
+    batches = capture_rollouts(trainer)
+    trainer.model.train()
+    out = trainer._generate_and_score_completions([{"task": 60, "seed": 0}] * 4 + [{"task": 3, "seed": 0}] * 4)
+    assert len(batches) == 2  # the first rollout, then one extra round for the flat group only
+    assert [t.task for t in batches[1].trajectories] == [3, 3, 3, 3]
+    assert trainer._metrics["train"]["dynamic_sampling/replaced_groups"] == [1.0]
+    # envs 0 and 2 go right twice and win; once they are done, env 1 is first in the call and goes right too
+    returns = [t.episode_return for t in batches[1].trajectories]
+    assert returns == [1.0, 1.0, 1.0, 0.0]
+    assert out["advantages"].abs().sum() > 0
