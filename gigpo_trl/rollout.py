@@ -156,25 +156,31 @@ class RolloutCollector:
         env_limit = getattr(self._templates[key], "max_turns", None)
         return min(self.max_turns, env_limit) if env_limit else self.max_turns
 
-    def _prompt(self, st: dict, turn: int) -> tuple[list[dict], list[int]]:
-        """Messages and token ids of one env's prompt; shrinks the history window to fit the token limit."""
+    def _messages(self, st: dict, turn: int, keep: int) -> list[dict]:
+        history = st["history"][len(st["history"]) - keep:] if keep else []
         env = self._templates[st["key"]]
-        keep = min(self.history_length, len(st["history"]))
-        while True:
-            history = st["history"][len(st["history"]) - keep:] if keep else []
-            messages = build_messages(
-                env, st["instruction"], st["observation"], history, turn, st["limit"], st["admissible"]
-            )
-            ids = self.tokenize_fn([messages])[0]
-            if self.max_prompt_length is None or len(ids) <= self.max_prompt_length:
-                return messages, ids
-            if keep == 0:
-                raise ValueError(
-                    f"prompt of task {st['task']!r} at turn {turn} has {len(ids)} tokens, more than "
-                    f"max_prompt_length={self.max_prompt_length} even with no history; raise max_prompt_length "
-                    "(within the model's context) or shorten the environment's observations"
-                )
-            keep -= 1
+        return build_messages(env, st["instruction"], st["observation"], history, turn, st["limit"], st["admissible"])
+
+    def _prompts(self, states: list[dict], turn: int) -> list[tuple[list[dict], list[int]]]:
+        """Messages and token ids of each env's prompt, tokenized in one batched call; a prompt over the token
+        limit is rebuilt with a shorter history window (oldest pairs dropped first)."""
+        keeps = [min(self.history_length, len(st["history"])) for st in states]
+        messages = [self._messages(st, turn, keep) for st, keep in zip(states, keeps)]
+        ids = self.tokenize_fn(messages) if messages else []
+        out = []
+        for st, keep, msgs, tokens in zip(states, keeps, messages, ids):
+            while self.max_prompt_length is not None and len(tokens) > self.max_prompt_length:
+                if keep == 0:
+                    raise ValueError(
+                        f"prompt of task {st['task']!r} at turn {turn} has {len(tokens)} tokens, more than "
+                        f"max_prompt_length={self.max_prompt_length} even with no history; raise max_prompt_length "
+                        "(within the model's context) or shorten the environment's observations"
+                    )
+                keep -= 1
+                msgs = self._messages(st, turn, keep)
+                tokens = self.tokenize_fn([msgs])[0]
+            out.append((msgs, tokens))
+        return out
 
     def check_task(self, task_row: Mapping, key: str | None = None) -> list[int]:
         """Reset env ``key`` once on ``task_row`` and build its first prompt; returns the prompt's token ids.
@@ -205,7 +211,7 @@ class RolloutCollector:
             raise TypeError(f"init check on the first training task {task!r}: {exc}") from None
         state = {"key": key, "task": task, "instruction": info.get("instruction", ""), "observation": observation,
                  "history": [], "limit": self._turn_limit(key), "admissible": info.get("admissible_actions")}
-        return self._prompt(state, 0)[1]
+        return self._prompts([state], 0)[0][1]
 
     # ------------------------------------------------------------------ main loop
     def collect(
@@ -263,7 +269,7 @@ class RolloutCollector:
             bar = tqdm(total=self.max_turns, desc="rollout turns", leave=False)
         for turn in range(self.max_turns):
             active = [i for i, st in enumerate(states) if not st["done"]]
-            prompts = [self._prompt(states[i], turn) for i in active]
+            prompts = self._prompts([states[i] for i in active], turn)
             prompt_ids = [ids for _, ids in prompts]
             if prompt_ids and filler is None:
                 filler = prompt_ids[0]

@@ -181,9 +181,7 @@ def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
     # the first prompts fit, a later one does not even after dropping the history: a clear error at rollout time
     trainer = GiGPOTrainer(tiny_model_dir, env=LongObsEnv, args=make_args(tmp_path, max_turns=6),
                            processing_class=tiny_tokenizer)
-    first = len(trainer.collector._prompt(
-        {"key": "default", "task": 6, "instruction": "reach the end of the corridor", "history": [], "limit": 6,
-         "observation": LongObsEnv().reset(6, 0)[0], "admissible": ["left", "right"]}, 0)[1])
+    first = len(trainer.collector.check_task({"task": 6, "seed": 0}))
     trainer.collector.max_prompt_length = first + 30  # turn 0 fits, turn 1 (+40 characters) does not
     right = tiny_tokenizer.encode("<think>x</think><action>left</action>")
     trainer.collector.generate_fn = lambda prompt_ids: ([right] * len(prompt_ids), None)
