@@ -41,6 +41,18 @@ class JobArguments:
 
 CPU_DEFAULTS = {"bf16": False, "gradient_checkpointing": False, "use_cpu": True}
 
+# Example defaults: sized to finish on a 2-core CPU in about 10 minutes (a few iterations, small groups, short
+# episodes). They show the path end to end; configs/*_gpu.yaml hold the paper-scale settings.
+_SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_length": 2,
+          "max_completion_length": 48, "learning_rate": 1e-4, "beta": 0.0, "num_generations": 4,
+          "per_device_train_batch_size": 8, "eval_max_tasks": 8}
+# Long observations (WebShop pages, ALFWorld rooms): 4 trajectories (2 task groups x 2 rollouts) per iteration,
+# trained in 4 micro-batches with one optimizer step, which bounds activation memory of ~1,000-token prompts.
+_LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "steps_per_generation": 4,
+             "gradient_accumulation_steps": 4, "max_steps": 2, "max_turns": 4, "history_length": 1,
+             "eval_max_tasks": 4}
+EXAMPLE_DEFAULTS = {"webshop": _LONG_OBS, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
+
 
 def build_parser(job_defaults: dict | None = None, training_defaults: dict | None = None):
     """A ``TrlParser`` for (JobArguments, GiGPOConfig, ModelConfig) with the example's defaults applied."""
@@ -188,12 +200,12 @@ def run(job: JobArguments, args, model_args) -> int:
     return code
 
 
-def main(job_defaults: dict | None = None, training_defaults: dict | None = None) -> None:
-    """Entry point of the example scripts."""
+def main(env: str) -> None:
+    """Entry point of ``examples/train_<env>.py``: the job with that environment's example defaults."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    parser = build_parser(job_defaults, training_defaults)
+    parser = build_parser({"env": env}, {**EXAMPLE_DEFAULTS[env], "output_dir": f"outputs/gigpo-{env}"})
     job, args, model_args = parser.parse_args_and_config()
     sys.exit(run(job, args, model_args))
 
 
-__all__ = ["JobArguments", "build_parser", "env_factory", "main", "model_card", "push_adapter", "run"]
+__all__ = ["EXAMPLE_DEFAULTS", "JobArguments", "build_parser", "env_factory", "main", "model_card", "push_adapter", "run"]

@@ -36,14 +36,7 @@ import random
 import sys
 from collections import Counter
 
-TASK_TYPES = [
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-]
+from gigpo_trl.envs.alfworld import TASK_TYPES  # the six ALFWorld task types
 
 # Room types by FloorPlan number (ALFRED/AI2-THOR convention).
 ROOMS = {"Kitchen": range(1, 31), "LivingRoom": range(201, 231), "Bedroom": range(301, 331),

@@ -87,6 +87,22 @@ class TextEnv:
         """Release resources (subprocesses, files)."""
 
 
+def seed_tasks(split: str, splits: dict, task_type: str, env_name: str):
+    """Task dataset of a procedural env whose task ids double as seeds: ``splits`` maps split names to id ranges.
+
+    Returns a ``datasets.Dataset`` with ``task``, ``seed`` (= the id) and ``task_type`` columns.
+
+    Raises:
+        ValueError: ``split`` is not a key of ``splits`` (the message lists them).
+    """
+    import datasets
+
+    if split not in splits:
+        raise ValueError(f"unknown split {split!r} for {env_name}; choose one of {sorted(splits)}")
+    ids = list(splits[split])
+    return datasets.Dataset.from_dict({"task": ids, "seed": ids, "task_type": [task_type] * len(ids)})
+
+
 def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> None:
     """Validate an environment against the protocol, in the spirit of gymnasium's ``check_env``.
 

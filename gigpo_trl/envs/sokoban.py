@@ -35,7 +35,7 @@ from collections import deque
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .base import TextEnv
+from .base import TextEnv, seed_tasks
 
 MOVES: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 ACTION_NAMES: list[str] = list(MOVES)
@@ -344,13 +344,7 @@ class SokobanEnv(TextEnv):
         return render_level(self.level), reward, self.done, info
 
     def tasks(self, split: str = "train"):
-        import datasets
-
-        ids = {"train": TRAIN_IDS, "eval": EVAL_IDS, "test": EVAL_IDS}.get(split)
-        if ids is None:
-            raise ValueError(f"unknown split {split!r} for {self.name}; choose 'train' or 'eval'")
-        ids = list(ids)
-        return datasets.Dataset.from_dict({"task": ids, "seed": ids, "task_type": [self.task_type] * len(ids)})
+        return seed_tasks(split, {"train": TRAIN_IDS, "eval": EVAL_IDS, "test": EVAL_IDS}, self.task_type, self.name)
 
     def render(self) -> str:
         return render_level(self.level) if self.level is not None else ""
