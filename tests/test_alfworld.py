@@ -272,3 +272,17 @@ def test_generator_is_deterministic():
     by_id = {g["id"]: g for g in committed["games"]}
     again = gen.generate_one("eval", 1, seed=committed["seed"])
     assert again == by_id[again["id"]]
+
+
+def test_package_default_data_path_does_not_hide_offline_games(monkeypatch):
+    # `import alfworld` writes its own default (~/.cache/alfworld) into ALFWORLD_DATA when the user set none.
+    import os
+
+    import gigpo_trl.envs.alfworld as module
+
+    monkeypatch.setattr(module, "_ALFWORLD_DATA_AT_IMPORT", None)
+    monkeypatch.setenv("ALFWORLD_DATA", os.path.join(os.path.expanduser("~"), ".cache", "alfworld"))
+    assert module.ALFWorldEnv().offline
+    monkeypatch.setenv("ALFWORLD_DATA", "/nonexistent/user/choice")
+    with pytest.raises(FileNotFoundError, match="/nonexistent/user/choice"):
+        module.ALFWorldEnv()

@@ -270,6 +270,19 @@ def _normalize(action: Any) -> str:
     return " ".join(str(action).strip().lower().split())
 
 
+# Importing the `alfworld` package sets ALFWORLD_DATA to its own default (~/.cache/alfworld, created empty) when
+# the user did not: remember the user's value from before any such import, so later envs keep the offline games.
+_ALFWORLD_DATA_AT_IMPORT = os.environ.get("ALFWORLD_DATA")
+
+
+def _user_alfworld_data() -> str | None:
+    value = os.environ.get("ALFWORLD_DATA") or None
+    package_default = os.path.join(os.path.expanduser("~"), ".cache", "alfworld")
+    if value and _ALFWORLD_DATA_AT_IMPORT is None and os.path.normpath(value) == os.path.normpath(package_default):
+        return None  # set by `import alfworld`, not by the user
+    return value
+
+
 class ALFWorldEnv(TextEnv):
     """ALFWorld text environment (see the module docstring).
 
@@ -294,7 +307,7 @@ class ALFWorldEnv(TextEnv):
         if eval_split not in ("valid_seen", "valid_unseen"):
             raise ValueError(f"eval_split must be 'valid_seen' or 'valid_unseen', got {eval_split!r}")
         if data_dir is None:
-            data_dir = os.environ.get("ALFWORLD_DATA") or None
+            data_dir = _user_alfworld_data()
         self.offline = data_dir is None or data_dir == "builtin"
         self.root = None if self.offline else _resolve_official_root(data_dir)
         self.eval_split = eval_split
