@@ -166,7 +166,7 @@ class RolloutCollector:
         limit is rebuilt with a shorter history window (oldest pairs dropped first)."""
         keeps = [min(self.history_length, len(st["history"])) for st in states]
         messages = [self._messages(st, turn, keep) for st, keep in zip(states, keeps)]
-        ids = self.tokenize_fn(messages) if messages else []
+        ids = self._tokenize_distinct(messages)
         out = []
         for st, keep, msgs, tokens in zip(states, keeps, messages, ids):
             while self.max_prompt_length is not None and len(tokens) > self.max_prompt_length:
@@ -181,6 +181,23 @@ class RolloutCollector:
                 tokens = self.tokenize_fn([msgs])[0]
             out.append((msgs, tokens))
         return out
+
+    def _tokenize_distinct(self, messages: list[list[dict]]) -> list[list[int]]:
+        """``tokenize_fn`` over the distinct prompts only, in one call: group members in the same state with the
+        same history share a prompt (all N of a group at turn 0). Prompts with non-text content are all sent."""
+        if not messages:
+            return []
+        try:
+            keys = [tuple((m["role"], m["content"]) for m in msgs) for msgs in messages]
+            first: dict = {}
+            for i, key in enumerate(keys):
+                first.setdefault(key, i)
+        except TypeError:  # unhashable (multimodal) content
+            return self.tokenize_fn(messages)
+        unique = list(first.values())
+        ids = self.tokenize_fn([messages[i] for i in unique])
+        by_key = {keys[i]: tokens for i, tokens in zip(unique, ids)}
+        return [list(by_key[key]) for key in keys]
 
     def check_task(self, task_row: Mapping, key: str | None = None) -> list[int]:
         """Reset env ``key`` once on ``task_row`` and build its first prompt; returns the prompt's token ids.

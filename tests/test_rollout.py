@@ -142,3 +142,15 @@ def test_rejects_mismatched_inputs(tiny_tokenizer):
         collector.collect([{"seed": 3}], group_ids=["g"])
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         make_collector(tiny_tokenizer, [RIGHT], max_turns=0)
+
+
+def test_each_distinct_prompt_of_a_turn_is_tokenized_once(tiny_tokenizer):
+    collector, _ = make_collector(tiny_tokenizer, [RIGHT, LEFT, RIGHT, LEFT], max_turns=2)
+    sizes = []
+    tokenize = collector.tokenize_fn
+    collector.tokenize_fn = lambda msgs: sizes.append(len(msgs)) or tokenize(msgs)
+    batch = collector.collect([{"task": 5, "seed": 0}] * 4, group_ids=["g"] * 4)
+    # turn 0: one shared prompt for the group; turn 1: positions 1 (right) and 0 (left) → two distinct prompts
+    assert sizes == [1, 2]
+    assert len({tuple(r.prompt_ids) for r in batch.rows if r.turn == 0}) == 1
+    assert len({tuple(r.prompt_ids) for r in batch.rows if r.turn == 1}) == 2

@@ -1,0 +1,344 @@
+"""Rollout overhead of the multi-turn collector, on a tiny CPU model and FrozenLake.
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/bench_rollout.py
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/bench_rollout.py --quick     # fewer repeats
+
+Measures, at 16 task groups x 8 rollouts (128 environments), FrozenLake 4x4 with the env's own prompts,
+history_length 2, on a tiny Qwen2 given a short format warm-up (random moves, valid format):
+
+(a) the collector's whole rollout, ``trainer.collector.collect(...)``, with ``generate_fn`` wrapped to record
+    each turn's prompt-id lists and to time the generate calls inside the rollout;
+(b) the same generate calls alone, replayed with the recorded inputs (``trainer._generate_turn``);
+both greedy (the trainer's ``eval_temperature=0`` path), so (b) does exactly the work the model did in (a).
+Prints the ratio a/b (target <= 1.15) and where the rest of (a) goes (tokenising the prompts with the chat
+template, decoding, parsing, stepping the envs, other collector work). Also prints generate calls per rollout
+(must equal the number of turns), rows per rollout, the max prompt length (tokens) at history_length 2 for
+5- and 50-turn episodes (a policy that only walks into the map's edge never finishes), and the share of a
+training iteration spent computing advantages (``rollout/advantage_seconds`` over the iteration's wall time,
+and a direct timing of ``compute_gigpo_advantages`` on the rollout's rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages  # noqa: E402
+from gigpo_trl.envs.frozenlake import FrozenLakeEnv  # noqa: E402
+from gigpo_trl.models import build_tiny_model  # noqa: E402
+from learning import format_warmup, make_tokenizer  # noqa: E402
+
+TARGET_RATIO = 1.15
+
+
+class Timer:
+    """Accumulates the wall time of the wrapped function's calls."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds, self.calls = fn, 0.0, 0
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+
+
+def make_trainer(model, tok, env_factory, out_dir, groups, n, max_turns, history_length, max_completion_length,
+                 spg=1):
+    args = GiGPOConfig(
+        output_dir=out_dir, num_generations=n, per_device_train_batch_size=groups * n // spg,
+        steps_per_generation=spg, max_steps=spg, max_turns=max_turns, history_length=history_length,
+        max_completion_length=max_completion_length, learning_rate=1e-4, beta=0.0, bf16=False,
+        gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+        logging_steps=1, seed=0, eval_temperature=0.0,
+    )
+    trainer = GiGPOTrainer(model, env=env_factory, args=args, train_dataset=env_factory().tasks("train"),
+                           processing_class=tok)
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def task_batch(trainer, groups, n, first_map=0):
+    tasks = [{"task": first_map + g, "seed": first_map + g, "task_type": "4x4"} for g in range(groups) for _ in range(n)]
+    return tasks, trainer._group_ids(tasks)
+
+
+def timed_rollout(trainer, tasks, group_ids, greedy=True):
+    """(a): one collect() with generate / tokenize / decode / env step timed separately; the recorded prompts."""
+    col = trainer.collector
+    recorded = []
+    base_generate, base_tokenize, base_decode = col.generate_fn, col.tokenize_fn, col.decode_fn
+
+    def recording_generate(prompt_ids):
+        recorded.append([list(p) for p in prompt_ids])
+        return base_generate(prompt_ids)
+
+    gen, tok_t, dec = Timer(recording_generate), Timer(base_tokenize), Timer(base_decode)
+    steps = {key: Timer(pool.step) for key, pool in col.pools.items()}
+    resets = {key: Timer(pool.reset) for key, pool in col.pools.items()}
+    col.generate_fn, col.tokenize_fn, col.decode_fn = gen, tok_t, dec
+    for key, pool in col.pools.items():
+        pool.step, pool.reset = steps[key], resets[key]
+    try:
+        with trainer._eval_sampling() if greedy else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            batch = col.collect(tasks, group_ids)
+            total = time.perf_counter() - t0
+    finally:
+        col.generate_fn, col.tokenize_fn, col.decode_fn = base_generate, base_tokenize, base_decode
+        for key, pool in col.pools.items():
+            del pool.step, pool.reset  # back to the class methods
+    parts = {
+        "generate": gen.seconds,
+        "tokenize_fn (chat template + encode)": tok_t.seconds,
+        "decode": dec.seconds,
+        "env step + reset": sum(t.seconds for t in steps.values()) + sum(t.seconds for t in resets.values()),
+    }
+    parts["other collector work (prompts, parsing, rows)"] = total - sum(parts.values())
+    return total, batch, recorded, parts, tok_t.calls
+
+
+def replay_generate(trainer, recorded, greedy=True):
+    """(b): the same generate calls, same inputs, nothing else."""
+    with trainer._eval_sampling() if greedy else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        for prompts in recorded:
+            trainer._generate_turn(prompts)
+        return time.perf_counter() - t0
+
+
+def fixed_policy(tok, move):
+    ids = tok.encode(f"<think>go</think><action>{move}</action>") + [tok.eos_token_id]
+
+    def generate(prompt_ids):
+        return [list(ids) for _ in prompt_ids], None
+
+    return generate
+
+
+def main(argv=None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--num_generations", type=int, default=8)
+    p.add_argument("--max_turns", type=int, default=10, help="FrozenLake 4x4's own limit is 10")
+    p.add_argument("--history_length", type=int, default=2)
+    p.add_argument("--max_completion_length", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--warmup_steps", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=3, help="(a)/(b) pairs; medians reported")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--output_dir", default="outputs/bench/rollout")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.repeats, a.warmup_steps = 1, 30
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"settings": vars(a)}
+
+    env_factory = functools.partial(FrozenLakeEnv, size=4, max_turns=a.max_turns)
+    tok = make_tokenizer(env_factory, a.history_length, 600)
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=0)
+    train_maps = list(range(256))
+    loss, secs = format_warmup(model, tok, env_factory, train_maps, a.history_length, a.warmup_steps, 32, 3e-3, 0)
+    print(f"tiny model {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k params, format warm-up "
+          f"{a.warmup_steps} steps ({secs:.0f}s, loss {loss:.3f}); torch threads {torch.get_num_threads()}")
+
+    # ---------------------------------------------------------------- (a) vs (b)
+    trainer = make_trainer(model, tok, env_factory, str(out / "trainer"), a.groups, a.num_generations, a.max_turns,
+                           a.history_length, a.max_completion_length)
+    tasks, group_ids = task_batch(trainer, a.groups, a.num_generations)
+    timed_rollout(trainer, tasks[: a.num_generations], group_ids[: a.num_generations])  # warm caches
+    totals, replays, inner, all_parts = [], [], [], []
+    batch = recorded = None
+    total, batch, recorded, parts, n_tok = timed_rollout(trainer, tasks, group_ids)
+    for i in range(a.repeats):  # alternate the order of (a) and (b), so drifting machine load hits both alike
+        if i % 2 == 0:
+            if i:
+                total, batch, recorded, parts, n_tok = timed_rollout(trainer, tasks, group_ids)
+            replay = replay_generate(trainer, recorded)
+        else:
+            replay = replay_generate(trainer, recorded)
+            total, batch, recorded, parts, n_tok = timed_rollout(trainer, tasks, group_ids)
+        totals.append(total)
+        replays.append(replay)
+        inner.append(parts["generate"])
+        all_parts.append(parts)
+    t_a, t_b = statistics.median(totals), statistics.median(replays)
+    ratio = t_a / t_b
+    turns = max(t.num_turns for t in batch.trajectories)
+    n_env = len(tasks)
+    print(f"\n{a.groups} groups x {a.num_generations} rollouts = {n_env} envs, FrozenLake 4x4 (max_turns "
+          f"{a.max_turns}), history_length {a.history_length}, greedy, {a.repeats} repeat(s), medians:")
+    print(f"  (a) collector rollout          {t_a:8.3f} s   (its generate calls: {statistics.median(inner):.3f} s)")
+    print(f"  (b) same generate calls alone  {t_b:8.3f} s")
+    own = statistics.median(t / g for t, g in zip(totals, inner))
+    print(f"  ratio a/b = {ratio:.3f}   target <= {TARGET_RATIO}: {'PASS' if ratio <= TARGET_RATIO else 'MISS'}"
+          f"   (per repeat: {', '.join(f'{t / r:.3f}' for t, r in zip(totals, replays))}; (a) over its own "
+          f"generate time: {own:.3f})")
+    mean_parts = {k: statistics.median(p[k] for p in all_parts) for k in all_parts[0]}
+    print("  where (a) goes:")
+    for k, v in mean_parts.items():
+        print(f"    {k:48s} {v:7.3f} s  {100 * v / t_a:5.1f}%")
+    print(f"    ({n_tok} tokenize_fn calls for {len(batch.rows)} prompts)")
+    print(f"  generate calls per rollout: {batch.num_generate_calls} (turns: {turns}; envs x turns would be "
+          f"{n_env * turns}) -> {'OK' if batch.num_generate_calls == turns else 'NOT one call per turn'}")
+    print(f"  rows per rollout: {len(batch.rows)} (= sum of episode lengths "
+          f"{sum(t.num_turns for t in batch.trajectories)}; mean episode length "
+          f"{np.mean([t.num_turns for t in batch.trajectories]):.2f}); max prompt {batch.max_prompt_tokens} tokens")
+    report["overhead"] = {"collect_s": totals, "replay_s": replays, "generate_inside_collect_s": inner,
+                          "ratio": ratio, "parts_median_s": mean_parts, "generate_calls": batch.num_generate_calls,
+                          "turns": turns, "rows": len(batch.rows), "max_prompt_tokens": batch.max_prompt_tokens}
+
+    # the same at temperature 1 (as in training): (b) samples other completions, so its work differs slightly
+    s_tot, s_rep, s_tok = [], [], []
+    for _ in range(a.repeats):
+        total_s, batch_s, recorded_s, parts_s, _ = timed_rollout(trainer, tasks, group_ids, greedy=False)
+        s_rep.append(replay_generate(trainer, recorded_s, greedy=False))
+        s_tot.append(total_s)
+        s_tok.append(parts_s["tokenize_fn (chat template + encode)"])
+    ratio_s = statistics.median(s_tot) / statistics.median(s_rep)
+    print(f"  sampled (temperature 1): (a) {statistics.median(s_tot):.3f} s, (b) {statistics.median(s_rep):.3f} s, "
+          f"ratio a/b = {ratio_s:.3f} ({'PASS' if ratio_s <= TARGET_RATIO else 'MISS'}); tokenize_fn "
+          f"{statistics.median(s_tok):.3f} s = {100 * statistics.median(s_tok) / statistics.median(s_tot):.1f}% of (a); "
+          f"{len(batch_s.rows)} rows")
+    report["overhead_sampled"] = {"collect_s": s_tot, "replay_s": s_rep, "tokenize_s": s_tok, "ratio": ratio_s,
+                                  "rows": len(batch_s.rows)}
+
+    # batched tokenisation of the same prompts: what one apply_chat_template call per turn would cost
+    col = trainer.collector
+    msgs_by_turn: dict[int, list] = {}
+    for r in batch.rows:
+        msgs_by_turn.setdefault(r.turn, []).append(r.prompt_messages)
+    t0 = time.perf_counter()
+    for msgs in msgs_by_turn.values():
+        for m in msgs:
+            col.tokenize_fn([m])
+    t_single = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for msgs in msgs_by_turn.values():
+        batched = trainer._tokenize_prompts(msgs)[0]
+    t_batched = time.perf_counter() - t0
+    same = batched == [col.tokenize_fn([m])[0] for m in msgs]
+    t0 = time.perf_counter()
+    for msgs in msgs_by_turn.values():
+        texts = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        tok(texts, add_special_tokens=False)["input_ids"]
+    t_render = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for msgs in msgs_by_turn.values():
+        texts = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    t_jinja = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for msgs in msgs_by_turn.values():
+        for m in msgs:
+            tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+    t_jinja_single = time.perf_counter() - t0
+    print(f"  tokenising this rollout's {len(batch.rows)} prompts: one call per prompt {t_single:.3f} s "
+          f"(of which chat-template rendering {t_jinja_single:.3f} s); one _tokenize_prompts call per turn "
+          f"{t_batched:.3f} s (same ids: {same}); render (batched, {t_jinja:.3f} s) then one batch encode: "
+          f"{t_render:.3f} s")
+    t_tok = mean_parts["tokenize_fn (chat template + encode)"]
+    # duplicates under sampling (greedy makes a whole group identical, which would overstate them)
+    sampled = col.collect(tasks, group_ids)
+    turns_s = {r.turn for r in sampled.rows}
+    distinct_s = sum(len({tuple(r.prompt_ids) for r in sampled.rows if r.turn == t}) for t in turns_s)
+    distinct_g = sum(len({tuple(r.prompt_ids) for r in batch.rows if r.turn == t}) for t in msgs_by_turn)
+    frac = distinct_s / len(sampled.rows)
+    distinct = round(frac * len(batch.rows))
+    system_ids = tok.apply_chat_template([batch.rows[0].prompt_messages[0]], tokenize=False)
+    n_system = len(tok(system_ids, add_special_tokens=False)["input_ids"])
+    est_memo = (t_a - t_tok * (1 - distinct / len(batch.rows))) / t_b
+    print(f"  distinct prompts within a turn, summed over turns: sampled rollout {distinct_s} of "
+          f"{len(sampled.rows)} ({100 * frac:.0f}%), greedy rollout {distinct_g} of {len(batch.rows)} (group members "
+          f"in the same state with the same history share a prompt; all N do at turn 0)")
+    print(f"  estimated ratio a/b if each distinct prompt of a turn were tokenized once (sampled duplicate rate): "
+          f"{est_memo:.3f}")
+    print(f"  the system message is {n_system} of the first prompt's {len(batch.rows[0].prompt_ids)} tokens "
+          f"({100 * n_system / len(batch.rows[0].prompt_ids):.0f}%), identical in every prompt of the env")
+    report["tokenize"] = {"per_prompt_s": t_single, "per_prompt_render_only_s": t_jinja_single,
+                          "batched_per_turn_s": t_batched, "render_then_encode_s": t_render,
+                          "render_batched_s": t_jinja,
+                          "distinct_prompts_sampled": distinct_s, "rows_sampled": len(sampled.rows),
+                          "distinct_prompts_greedy": distinct_g, "estimated_ratio_memoized": est_memo,
+                          "system_tokens": n_system}
+
+    # ---------------------------------------------------------------- advantage share of an iteration
+    rows = batch.rows
+    kw = dict(rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
+              trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
+              action_valid=np.array([r.action_valid for r in rows]), gamma=0.95, step_advantage_weight=1.0)
+    compute_gigpo_advantages(**kw)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        compute_gigpo_advantages(**kw)
+    t_adv_direct = (time.perf_counter() - t0) / 20
+    # one real training iteration (rollout + advantages + old log-probs + 8 optimizer steps), sampled
+    it_trainer = make_trainer(model, tok, env_factory, str(out / "iter"), a.groups, a.num_generations, a.max_turns,
+                              a.history_length, a.max_completion_length, spg=8)
+    t0 = time.perf_counter()
+    it_trainer.train()
+    t_iter = time.perf_counter() - t0
+    log = next(e for e in it_trainer.state.log_history if "rollout/seconds" in e)
+    print(f"\none training iteration (sampled rollout of {a.groups}x{a.num_generations}, GiGPO advantages, "
+          f"8 optimizer steps): {t_iter:.2f} s wall")
+    print(f"  rollout/seconds {log['rollout/seconds']:.3f}   rollout/advantage_seconds "
+          f"{log['rollout/advantage_seconds'] * 1e3:.2f} ms   rows {log['rollout/rows']:.0f}")
+    print(f"  advantage share of the iteration: {100 * log['rollout/advantage_seconds'] / t_iter:.3f}% "
+          f"(direct timing of compute_gigpo_advantages on (a)'s {len(rows)} rows: {t_adv_direct * 1e3:.2f} ms = "
+          f"{100 * t_adv_direct / t_iter:.3f}%; paper: 0.54 s of 363 s = 0.149%)")
+    report["advantage"] = {"iteration_s": t_iter, "rollout_s": log["rollout/seconds"],
+                           "advantage_s_logged": log["rollout/advantage_seconds"], "advantage_s_direct": t_adv_direct,
+                           "rows": log["rollout/rows"]}
+
+    # ---------------------------------------------------------------- prompt length vs episode length
+    print(f"\nmax prompt length (tokens), history_length {a.history_length}, FrozenLake 8x8, a policy that always "
+          "answers 'left' (stays at the start cell, never finishes):")
+    report["prompt_length"] = {}
+    for T in (5, 50):
+        f8 = functools.partial(FrozenLakeEnv, size=8, max_turns=T)
+        tr = make_trainer(model, tok, f8, str(out / f"len{T}"), 2, a.num_generations, T, a.history_length,
+                          a.max_completion_length)
+        tr.collector.generate_fn = fixed_policy(tok, "left")
+        tasks8, gids8 = task_batch(tr, 2, a.num_generations)
+        b = tr.collector.collect(tasks8, gids8)
+        first = max(len(r.prompt_ids) for r in b.rows if r.turn == 0)
+        print(f"  {T:2d}-turn episodes: max prompt {b.max_prompt_tokens} tokens (turn 0: {first}); "
+              f"{b.num_generate_calls} generate calls, {len(b.rows)} rows")
+        report["prompt_length"][T] = {"max_prompt_tokens": b.max_prompt_tokens, "turn0_tokens": first,
+                                      "generate_calls": b.num_generate_calls, "rows": len(b.rows)}
+    (out / "bench_rollout.json").write_text(json.dumps(report, indent=1, default=float))
+    print(f"\njson: {out / 'bench_rollout.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
