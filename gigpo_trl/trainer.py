@@ -458,6 +458,8 @@ class GiGPOTrainer(GRPOTrainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Run one episode per eval task at ``eval_temperature`` and report success rates.
 
+        Episodes run ``per_device_eval_batch_size`` at a time per process (one batched generate call per turn).
+
         Returns ``{f"{metric_key_prefix}_success_rate": …, f"{metric_key_prefix}_success_rate/<task_type>": …,
         return_mean, length_mean, invalid_action_rate, failed_rate}``, also logged through TRL/Trainer logging.
         Tasks are split across processes; every process returns the same dict.
@@ -476,11 +478,19 @@ class GiGPOTrainer(GRPOTrainer):
             tasks = tasks[: self.args.eval_max_tasks]
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = tasks[rank::world]
+        # Episodes run per_device_eval_batch_size at a time; every rank makes the same number of collect calls
+        # (a rank with fewer tasks collects an empty chunk, generating filler prompts only).
+        size = max(1, self.args.per_device_eval_batch_size)
+        n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
+        local_trajectories = []
         with self._eval_sampling():
-            batch = self.collector.collect(local, [f"eval:{rank}:{i}" for i in range(len(local))],
-                                           trajectory_prefix=("eval", rank))
-        trajectories = gather_object(batch.trajectories) if world > 1 else batch.trajectories
+            for c in range(n_chunks):
+                chunk = local[c * size : (c + 1) * size]
+                batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
+                                               trajectory_prefix=("eval", rank, c))
+                local_trajectories += batch.trajectories
+        trajectories = gather_object(local_trajectories) if world > 1 else local_trajectories
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in episode_metrics(trajectories).items()}
         metrics[f"{metric_key_prefix}_num_tasks"] = float(len(trajectories))
         metrics[f"{metric_key_prefix}_runtime"] = time.perf_counter() - t0

@@ -42,12 +42,15 @@ def parse_ranks(output):
 def test_two_processes_with_different_row_counts(tmp_path):
     output = launch(tmp_path, "--config_file", str(ROOT / "configs" / "accelerate" / "multi_cpu.yaml"))
     ranks = parse_ranks(output)
-    # rank 0: tasks 1 and 2 (2 rollouts each) → 2 and 4 rows; rank 1: tasks 3 and 4 → 6 and 8 rows
-    assert ranks[0][0] == [2, 4] and ranks[1][0] == [6, 8]
-    # every rank makes as many generate calls as the longest episode of the step needs (3, then 4)
-    assert ranks[0][1] == ranks[1][1] == [3, 4]
+    # training: rank 0 rolls out tasks 1 and 2 (2 rollouts each) → 2 and 4 rows; rank 1 tasks 3 and 4 → 6 and 8.
+    # evaluation (tasks 1, 2, 3 one at a time): rank 0 runs tasks 1 and 3, rank 1 task 2 and then an empty chunk.
+    assert ranks[0][0] == [2, 4, 1, 3] and ranks[1][0] == [6, 8, 2, 0]
+    # every rank makes as many generate calls as the longest episode of the step needs (3, 4, then 2, 3)
+    assert ranks[0][1] == ranks[1][1] == [3, 4, 2, 3]
     assert ranks[0][2] == ranks[1][2] == 2
     assert output.count("dist=MULTI_CPU zero=None") == 2 and "DONE" in output
+    # FixedLengthEnv episodes always end with reward 1: 3 of 3 eval episodes won, gathered from both ranks
+    assert output.count("EVAL tasks=3 success=1.0") == 2
 
 
 @pytest.mark.slow
@@ -58,5 +61,5 @@ def test_deepspeed_zero3_two_processes(tmp_path):
                     script_args=(str(ROOT / "configs" / "deepspeed_zero3_cpu.json"),))
     assert output.count("dist=DEEPSPEED zero=3") == 2
     ranks = parse_ranks(output)
-    assert ranks[0][0] == [2, 4] and ranks[1][0] == [6, 8]
-    assert ranks[0][2] == ranks[1][2] == 2
+    assert ranks[0][0] == [2, 4, 1, 3] and ranks[1][0] == [6, 8, 2, 0]
+    assert ranks[0][2] == ranks[1][2] == 2 and output.count("EVAL tasks=3 success=1.0") == 2

@@ -99,12 +99,15 @@ def test_one_step_changes_weights(tmp_path, tiny_model_dir, tiny_tokenizer, use_
 
 
 def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_tokenizer):
-    args = make_args(tmp_path, max_turns=4)
+    args = make_args(tmp_path, max_turns=4, per_device_eval_batch_size=8)
     trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
     seen = []
 
+    sizes = []
+
     def always_right(prompt_ids):
         seen.append(trainer.generation_config.do_sample)
+        sizes.append(len(prompt_ids))
         return [tiny_tokenizer.encode("<think>go</think><action>right</action>")] * len(prompt_ids), None
 
     trainer.collector.generate_fn = always_right
@@ -118,6 +121,8 @@ def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_t
         per_type = np.mean([w for w, m in zip(wins, lengths) if m == n])
         assert metrics[f"eval_success_rate/len{n}"] == pytest.approx(per_type)
     assert metrics["eval_num_tasks"] == 16 and metrics["eval_invalid_action_rate"] == 0.0
+    # 16 tasks, per_device_eval_batch_size 8: two chunks of 8 episodes, each generating 8 prompts per turn
+    assert max(sizes) == 8 and len(sizes) >= 2
     assert seen and not any(seen), "evaluation must be greedy at eval_temperature=0"
     assert trainer.generation_config.do_sample, "sampling must be restored after evaluation"
 
