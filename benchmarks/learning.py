@@ -1,20 +1,26 @@
 """GiGPO (omega = 1) vs GRPO (omega = 0) at equal budget on procedural FrozenLake, on a CPU.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/learning.py            # full run (3 seeds)
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/learning.py --quick    # ~3-minute smoke version
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/learning.py --quick    # ~1-minute smoke version
 
 Per seed:
 
 1. a tiny Qwen2 policy (random init, compact BPE tokenizer trained offline on FrozenLake prompts) gets a short
    supervised *format* warm-up: real prompts from ``gigpo_trl.prompts.build_messages`` + the chat template,
-   targets ``<think>go</think><action>{random move}</action>``, so RL starts from a valid-format policy that
-   knows nothing about the maps; the weights are saved once and loaded by both arms;
+   targets ``<think>go</think><action>{move}</action>`` with the move drawn uniformly among the state's *safe*
+   moves (no edge bump, no hole; ``--warmup_targets random``: any move). It knows the rules, nothing about where
+   the goal is; the weights are saved once and loaded by both arms. (With uniformly random targets the policy
+   learns to ignore the prompt entirely, and RL from there never made it depend on the map again.)
 2. the same weights are trained twice with identical settings, seeds, task order and number of iterations,
    once with ``step_advantage_weight=1.0`` (GiGPO) and once with ``0.0`` (GRPO);
-3. both are evaluated (greedy, ``eval_temperature=0``) on held-out maps (the env's eval split) before training
-   and after each quarter of training; also sampled at ``--sampled_eval_temperature`` (default 1) on the same
-   maps, because a policy that has not yet learned state-dependent preferences scores 0 greedily (its argmax is
-   one fixed move, which never reaches the goal corner) while its sampled success already differs.
+3. both are evaluated (greedy, ``eval_temperature=0``, the headline) on held-out maps (the env's eval split)
+   before training and after each quarter of training; also sampled at ``--sampled_eval_temperature``
+   (default 1) on the same maps.
+
+The observation (``--prompt local``, default) is the env's grid plus one line naming what each move leads to
+(``up edge, down ice, left hole, right ice``): a deterministic function of the state; the anchor state stays
+the env's own grid text, so maps, dynamics, rewards and anchor groups are FrozenLakeEnv's.
+``--workers 2`` (default) runs the warm-ups and then the six (seed, arm) runs in two single-threaded processes.
 
 Prints a table (per seed and mean: success before training, after each quarter, final, wall seconds) plus the
 anchor-group statistics the trainer logged, and writes ``learning.json`` (all numbers, per-iteration training
@@ -59,6 +65,30 @@ class CompactFrozenLake(FrozenLakeEnv):
 
     system_prompt = COMPACT_SYSTEM
     prompt_template = COMPACT_TEMPLATE
+
+
+CELL_NAMES = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
+
+
+class LocalViewFrozenLake(CompactFrozenLake):
+    """CompactFrozenLake whose observation text adds one line spelling out what each move leads to, e.g.
+    ``up edge, down ice, left edge, right hole`` after the env's grid. The line is a deterministic function of
+    the state (map and position), which the grid already determines, and ``anchor_state`` returns the env's own
+    grid text, so maps, dynamics, rewards and anchor groups are exactly FrozenLakeEnv's; only the text the
+    policy reads is richer (a 2-layer model finds ``P``'s neighbours in a flattened 2-D grid only slowly)."""
+
+    def render(self) -> str:
+        grid = super().render()
+        if not self.grid:
+            return grid
+        parts = []
+        for move in ACTION_NAMES:
+            nxt = self._moved(self.pos, move)
+            parts.append(f"{move} {'edge' if nxt == self.pos else CELL_NAMES[self.grid[nxt[0]][nxt[1]]]}")
+        return grid + "\n" + ", ".join(parts)
+
+    def anchor_state(self, observation):
+        return "\n".join(str(observation).split("\n")[: self.size])  # the env's own observation (the grid)
 TAGS = ["<think>", "</think>", "<action>", "</action>"]
 THINK = "go"
 
@@ -77,14 +107,27 @@ def random_prompt_messages(env: FrozenLakeEnv, rng: random.Random, map_ids, hist
     n = rng.randrange(env.max_turns)
     for _ in range(n):
         move = rng.choice(ACTION_NAMES)
+        prev_pos = env.pos
         new_obs, _, done, _ = env.step(move)
         if done:
+            env.pos = prev_pos  # leave the scratch env in the state the prompt shows (for safe_moves)
             break
         history.append((obs, move))
         obs = new_obs
     turn = len(history)
     window = history[len(history) - min(history_length, len(history)):] if history_length else []
     return build_messages(env, INSTRUCTION, obs, window, turn, env.max_turns, list(ACTION_NAMES))
+
+
+def safe_moves(env: FrozenLakeEnv) -> list[str]:
+    """Moves from the env's current cell that neither bump into the edge nor step into a hole (the rules of the
+    game, not the way to the goal)."""
+    moves = []
+    for move in ACTION_NAMES:
+        r, c = env._moved(env.pos, move)
+        if (r, c) != env.pos and env.grid[r][c] != "H":
+            moves.append(move)
+    return moves or list(ACTION_NAMES)
 
 
 def make_tokenizer(env_factory, history_length: int, vocab_size: int):
@@ -104,16 +147,20 @@ def make_tokenizer(env_factory, history_length: int, vocab_size: int):
 
 
 # ---------------------------------------------------------------------------------------------- warm-up
-def format_warmup(model, tok, env_factory, train_maps, history_length, steps, batch_size, lr, seed):
-    """Plain cross-entropy on completion tokens: random moves, correct format. Returns (final loss, seconds)."""
+def format_warmup(model, tok, env_factory, train_maps, history_length, steps, batch_size, lr, seed,
+                  targets="random"):
+    """Plain cross-entropy on completion tokens in the right format. The move is uniformly random
+    (``targets="random"``) or uniformly random among the prompt state's safe moves (``"safe"``: no edge bump, no
+    hole; nothing about where the goal is). Returns (final loss, seconds)."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
     env = env_factory()
     n_examples = steps * batch_size
-    prompts = []
+    prompts, moves = [], []
     for _ in range(n_examples):
         msgs = random_prompt_messages(env, rng, train_maps, history_length)
         prompts.append(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        moves.append(rng.choice(safe_moves(env) if targets == "safe" else ACTION_NAMES))
     prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
     eos = tok.eos_token_id
     pad_id = tok.pad_token_id
@@ -123,8 +170,8 @@ def format_warmup(model, tok, env_factory, train_maps, history_length, steps, ba
     for step in range(steps):
         batch = prompts[step * batch_size:(step + 1) * batch_size]
         seqs, labels = [], []
-        for p in batch:
-            c = tok.encode(completion_text(rng.choice(ACTION_NAMES)), add_special_tokens=False) + [eos]
+        for p, move in zip(batch, moves[step * batch_size:(step + 1) * batch_size]):
+            c = tok.encode(completion_text(move), add_special_tokens=False) + [eos]
             seqs.append(list(p) + c)
             labels.append([-100] * len(p) + c)
         width = max(map(len, seqs))
@@ -253,7 +300,8 @@ def run_arm(a, name, omega, seed, init_dir, tok, env_factory, train_ds, eval_ds,
         base_eval = {"greedy": trainer.evaluate()["eval_success_rate"]}
         if a.sampled_eval_temperature:
             base_eval["sampled"] = sampled_eval(trainer, a.sampled_eval_temperature)
-        print(f"  seed {seed}: eval success before RL = {base_eval} ({time.perf_counter() - t0:.1f}s)", flush=True)
+        print(f"  seed {seed} {name:5s}: eval success before RL = {base_eval} ({time.perf_counter() - t0:.1f}s)",
+              flush=True)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
@@ -281,6 +329,33 @@ def run_arm(a, name, omega, seed, init_dir, tok, env_factory, train_ds, eval_ds,
     return result, base_eval
 
 
+def warm_up_seed(a, seed, tok, env_factory, train_maps, out):
+    """Format warm-up of one seed's policy; the weights are saved to ``out/seed{seed}/init`` for both arms."""
+    torch.set_num_threads(1)
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    loss, secs = format_warmup(model, tok, env_factory, train_maps, a.history_length, a.warmup_steps,
+                               a.warmup_batch, a.warmup_lr, seed, a.warmup_targets)
+    valid, hist = check_format(model, tok, env_factory, train_maps, a.history_length, seed=seed)
+    init_dir = out / f"seed{seed}" / "init"
+    model.save_pretrained(init_dir)
+    tok.save_pretrained(init_dir)
+    print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {a.warmup_steps} steps in {secs:.0f}s, "
+          f"loss {loss:.3f} (uniform moves: ~{np.log(4) / 7:.3f}/token), sampled valid format {valid:.2f}, "
+          f"moves {hist}", flush=True)
+    return {"loss": loss, "seconds": secs, "valid_format": valid, "moves": hist, "params": n_params}
+
+
+def arm_job(job, a, tok, env_factory, train_ds, eval_ds, out):
+    """One (seed, arm) training run from the seed's saved warm-up weights. Each arm evaluates the start itself
+    (same weights, same RNG state, so both arms see the same start and then the same training RNG stream)."""
+    seed, arm = job
+    torch.set_num_threads(1)
+    result, _ = run_arm(a, arm, ARMS[arm], seed, str(out / f"seed{seed}" / "init"), tok, env_factory, train_ds,
+                        eval_ds, None)
+    return result
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _table(results, seeds, key_q, key_base, title):
     head = f"{'seed':>4} {'arm':6} {'start':>6} {'Q1':>6} {'Q2':>6} {'Q3':>6} {'final':>6} {'wall s':>7}"
@@ -302,13 +377,13 @@ def _table(results, seeds, key_q, key_base, title):
     return lines, float(np.mean(gaps))
 
 
-def print_table(results, seeds):
+def print_table(results, seeds, sampled_t=1.0):
     lines, gap = _table(results, seeds, "quarters", "base",
                         "held-out eval success, greedy (eval_temperature=0), after each quarter of training:")
     lines.append(f"target: mean gap >= +10 pp -> {'PASS' if gap >= 10 else 'MISS'}")
     if results[(seeds[0], "GiGPO")]["sampled_quarters"][0] is not None:
         more, sgap = _table(results, seeds, "sampled_quarters", "base_sampled",
-                            "held-out eval success, sampled (temperature 1), same maps:")
+                            f"held-out eval success, sampled (temperature {sampled_t:g}), same maps:")
         lines += [""] + more
     lines.append("")
     h2 = f"{'seed':>4} {'arm':6} {'train-succ':>10} {'singleton':>9} {'row-grp':>7} {'grp-mean':>8} {'rows/it':>7} {'len':>5}"
@@ -341,7 +416,8 @@ def plot(results, seeds, a, path):
         axes[0].plot(xs, ys.mean(0), color=colors[arm], lw=2.5, marker="o", label=f"{arm} (ω={ARMS[arm]:g}) greedy")
         if results[(seeds[0], arm)]["sampled_quarters"][0] is not None:
             ys = np.array([[results[(s, arm)]["base_sampled"]] + results[(s, arm)]["sampled_quarters"] for s in seeds])
-            axes[0].plot(xs, ys.mean(0), color=colors[arm], lw=1.5, ls="--", marker="s", label=f"{arm} sampled T=1")
+            axes[0].plot(xs, ys.mean(0), color=colors[arm], lw=1.5, ls="--", marker="s",
+                         label=f"{arm} sampled T={a.sampled_eval_temperature:g}")
         tr = [np.asarray(results[(s, arm)]["train_success_series"]) for s in seeds]
         n = min(map(len, tr))
         if n:
@@ -364,39 +440,46 @@ def plot(results, seeds, a, path):
 # ---------------------------------------------------------------------------------------------- main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="~3-minute smoke version (1 seed, few iterations)")
+    p.add_argument("--quick", action="store_true", help="~1-minute smoke version (1 seed, 8 iterations, 32 eval maps)")
     p.add_argument("--output_dir", default="outputs/bench/learning")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=60, help="rollout/update iterations per arm")
+    p.add_argument("--iterations", type=int, default=100, help="rollout/update iterations per arm")
     p.add_argument("--groups", type=int, default=8, help="task groups per iteration")
     p.add_argument("--num_generations", type=int, default=8, help="rollouts per group (N)")
     p.add_argument("--spg", type=int, default=4, help="steps_per_generation (optimizer steps per iteration)")
     p.add_argument("--map_size", type=int, default=4)
-    p.add_argument("--p", type=float, default=0.9, help="FrozenLake: probability that a cell is frozen")
+    p.add_argument("--p", type=float, default=0.8, help="FrozenLake: probability that a cell is frozen")
     p.add_argument("--max_turns", type=int, default=10)
-    p.add_argument("--prompt", default="compact", choices=["compact", "full"])
+    p.add_argument("--prompt", default="local", choices=["compact", "local", "full"],
+                   help="compact: short prompt, env's grid observation; local: compact + one line naming what "
+                        "each move leads to (anchors stay the env's grid); full: the env's own prompt")
     p.add_argument("--history_length", type=int, default=0)
     p.add_argument("--train_maps", type=int, default=64, help="size of the fixed training map set")
     p.add_argument("--eval_tasks", type=int, default=100, help="held-out eval maps")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--gamma", type=float, default=0.95)
     p.add_argument("--advantage_mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
     p.add_argument("--max_completion_length", type=int, default=10)
     p.add_argument("--sampled_eval_temperature", type=float, default=1.0,
                    help="also evaluate by sampling at this temperature (0: greedy only)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="(seed, arm) runs in parallel processes (each single-threaded); 1 = one after another")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=600)
-    p.add_argument("--warmup_steps", type=int, default=150)
+    p.add_argument("--warmup_steps", type=int, default=1000)
     p.add_argument("--warmup_batch", type=int, default=32)
     p.add_argument("--warmup_lr", type=float, default=3e-3)
+    p.add_argument("--warmup_targets", default="safe", choices=["safe", "random"],
+                   help="warm-up move targets: random among the moves that stay on the ice (safe) or uniformly "
+                        "random (random: the policy learns to ignore the prompt)")
     a = p.parse_args(argv)
     if a.quick:
         a.seeds = a.seeds[:1]
         a.iterations = min(a.iterations, 8)
         a.eval_tasks = min(a.eval_tasks, 32)
-        a.warmup_steps = min(a.warmup_steps, 80)
+        a.warmup_steps = min(a.warmup_steps, 300)
     return a
 
 
@@ -412,7 +495,7 @@ def main(argv=None) -> int:
     out = Path(a.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
-    env_cls = CompactFrozenLake if a.prompt == "compact" else FrozenLakeEnv
+    env_cls = {"compact": CompactFrozenLake, "local": LocalViewFrozenLake, "full": FrozenLakeEnv}[a.prompt]
     env_factory = functools.partial(env_cls, size=a.map_size, p=a.p, max_turns=a.max_turns)
     env = env_factory()
     print(f"settings: {json.dumps(vars(a))}", flush=True)
@@ -433,26 +516,22 @@ def main(argv=None) -> int:
     print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
           f"{len(tok.encode(completion_text('right')))} + eos", flush=True)
 
-    results, warmups = {}, {}
-    for seed in a.seeds:
-        model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
-        n_params = sum(p.numel() for p in model.parameters())
-        loss, secs = format_warmup(model, tok, env_factory, train_maps, a.history_length, a.warmup_steps,
-                                   a.warmup_batch, a.warmup_lr, seed)
-        valid, hist = check_format(model, tok, env_factory, train_maps, a.history_length, seed=seed)
-        init_dir = out / f"seed{seed}" / "init"
-        model.save_pretrained(init_dir)
-        tok.save_pretrained(init_dir)
-        warmups[seed] = {"loss": loss, "seconds": secs, "valid_format": valid, "moves": hist, "params": n_params}
-        print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {a.warmup_steps} steps in {secs:.0f}s, "
-              f"loss {loss:.3f} (uniform moves: ~{np.log(4) / 7:.3f}/token), sampled valid format {valid:.2f}, "
-              f"moves {hist}", flush=True)
-        base = None
-        for arm, omega in ARMS.items():
-            results[(seed, arm)], base = run_arm(a, arm, omega, seed, str(init_dir), tok, env_factory, train_ds,
-                                                 eval_ds, base)
+    warm = functools.partial(warm_up_seed, a, tok=tok, env_factory=env_factory, train_maps=train_maps, out=out)
+    jobs = [(seed, arm) for seed in a.seeds for arm in ARMS]
+    job = functools.partial(arm_job, a=a, tok=tok, env_factory=env_factory, train_ds=train_ds, eval_ds=eval_ds,
+                            out=out)
+    if a.workers > 1:  # warm-ups, then (seed, arm) runs, in parallel processes, each single-threaded
+        import multiprocessing as mp
 
-    table, gap = print_table(results, a.seeds)
+        with mp.get_context("fork").Pool(min(a.workers, len(jobs))) as pool:
+            warmups = dict(zip(a.seeds, pool.map(warm, a.seeds, chunksize=1)))
+            done = pool.map(job, jobs, chunksize=1)
+    else:
+        warmups = {seed: warm(seed) for seed in a.seeds}
+        done = [job(j) for j in jobs]
+    results = dict(zip(jobs, done))
+
+    table, gap = print_table(results, a.seeds, a.sampled_eval_temperature)
     total = time.perf_counter() - t_all
     print()
     print(table)
