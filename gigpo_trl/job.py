@@ -197,6 +197,7 @@ def run(job: JobArguments, args, model_args) -> int:
                           f"card are saved in {args.output_dir}", file=sys.stderr, flush=True)
                     code = 1
         print(f"[gigpo] done in {results['wall_seconds']:.0f} s", flush=True)
+    trainer.accelerator.end_training()  # trackers, and the process group under several processes
     return code
 
 

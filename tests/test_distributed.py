@@ -26,7 +26,7 @@ def launch(tmp_path, *extra, script_args=(), use_cpu=True):
            str(tmp_path / "out"), *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
     return output
 
 

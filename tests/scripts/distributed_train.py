@@ -59,6 +59,9 @@ def main(output_dir: str, deepspeed: str | None = None):
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         print("DONE", flush=True)
+    # Tear the process group down before exit: leaving it to interpreter shutdown can abort a rank (SIGABRT,
+    # "terminate called without an active exception" from a gloo thread).
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
