@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv
-from gigpo_trl.envs.pool import EnvPool, EnvResult
+from gigpo_trl.envs.pool import EnvPool
 
 RAISE_TASK, HANG_TASK, NAN_TASK = 666, 777, 888
 

@@ -1,6 +1,5 @@
 """RolloutCollector with a scripted policy: row bookkeeping, grouping, history window, failures."""
 
-import numpy as np
 import pytest
 from toy_env import CorridorEnv
 
