@@ -59,9 +59,13 @@ def main(output_dir: str, deepspeed: str | None = None):
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         print("DONE", flush=True)
-    # Tear the process group down before exit: leaving it to interpreter shutdown can abort a rank (SIGABRT,
-    # "terminate called without an active exception" from a gloo thread).
     trainer.accelerator.end_training()
+    # Within a long pytest session, a rank occasionally aborts during interpreter teardown, after all the work
+    # above (SIGABRT, "terminate called without an active exception" from a C++ thread; seen in 2 of ~15 suite
+    # runs, never in 12 standalone runs). Everything this test checks is printed by now, so skip the teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
