@@ -98,6 +98,7 @@ class RolloutCollector:
         num_env_workers / step_timeout: passed to each :class:`EnvPool`.
         progress: show a per-turn tqdm bar.
         require_think: mark completions without ``<think>`` invalid.
+        templates: ``{name: env instance}`` already built by the caller, used as that env's probe instance.
     """
 
     def __init__(
@@ -114,6 +115,7 @@ class RolloutCollector:
         step_timeout: float | None = None,
         progress: bool = False,
         require_think: bool = True,
+        templates: Mapping[str, Any] | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -133,8 +135,10 @@ class RolloutCollector:
             name: EnvPool(factory, num_workers=num_env_workers, step_timeout=step_timeout)
             for name, factory in self.env_factories.items()
         }
-        # One probe instance per env for prompt templates / limits; the pool owns the stepping instances.
-        self._templates = {name: factory() for name, factory in self.env_factories.items()}
+        # One probe instance per env for prompt templates / limits (reusing any the caller already built); the
+        # pools own the stepping instances.
+        templates = dict(templates or {})
+        self._templates = {name: templates.get(name) or factory() for name, factory in self.env_factories.items()}
 
     def close(self) -> None:
         for pool in self.pools.values():

@@ -150,6 +150,7 @@ class GiGPOTrainer(GRPOTrainer):
             step_timeout=args.env_step_timeout,
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
+            templates={next(iter(self.env_factories)): self._probe_env},  # built above; not twice at start-up
         )
         self._check_first_prompt(train_dataset)
 
