@@ -30,6 +30,7 @@ from .config import GiGPOConfig
 from .envs import get_env_class
 from .metrics import anchor_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
+from .vllm_glue import check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard, skip_initial_server_sync
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
@@ -121,17 +122,24 @@ class GiGPOTrainer(GRPOTrainer):
         if train_dataset is None:
             train_dataset = self._probe_env.tasks("train")
         _check_task_dataset(train_dataset, args, "train_dataset")
-        super().__init__(
-            model=model,
-            reward_funcs=[_env_reward],
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            peft_config=peft_config,
-            callbacks=callbacks,
-            optimizers=optimizers,
-        )
+        check_vllm_args(args)
+        with server_weight_sync_guard(args) as server_sync:  # vLLM server mode without CUDA: one warning, no sync
+            super().__init__(
+                model=model,
+                reward_funcs=[_env_reward],
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                peft_config=peft_config,
+                callbacks=callbacks,
+                optimizers=optimizers,
+            )
+        self._vllm_no_sync_message = server_sync.message
+        if self.use_vllm:
+            install_cpu_colocate_sync(self.vllm_generation)  # colocate on vLLM's CPU backend
+            if server_sync.message is not None:
+                skip_initial_server_sync(self)
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
@@ -196,6 +204,11 @@ class GiGPOTrainer(GRPOTrainer):
         offset = self.accelerator.process_index * len(inputs)
         return [f"{(offset + i) // self.num_generations}:{x['task']!r}:{x.get('seed')!r}" for i, x in
                 enumerate(inputs)]
+
+    def train(self, *args, **kwargs):
+        if self._vllm_no_sync_message is not None:  # refuse before any rollout, not at the first weight sync
+            raise RuntimeError(self._vllm_no_sync_message)
+        return super().train(*args, **kwargs)
 
     # ------------------------------------------------------------------ checkpoint and resume
     def _save_checkpoint(self, model, trial):
@@ -375,20 +388,37 @@ class GiGPOTrainer(GRPOTrainer):
                             self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
                         )
                 out["ref_per_token_logps"] = ref
-        if have_sampling and self.use_vllm:
-            sampling = pad(
-                [torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32) for lp in logps_list],
-                padding_value=0.0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of,
-            ).to(completion_ids.device)
+        if self.use_vllm and (have_sampling or is_correction):
+            sampling = self._sampling_logps(logps_list, completion_ids)
             out["sampling_per_token_logps"] = sampling
             if is_correction:
-                out["importance_sampling_ratio"] = self._importance_ratio(
-                    out["old_per_token_logps"], sampling, completion_mask
-                )
+                ratio = self._importance_ratio(out["old_per_token_logps"], sampling, completion_mask)
+                out["importance_sampling_ratio"] = ratio
+                self._record_sampling_metrics(mode, out["old_per_token_logps"], sampling, ratio, completion_mask)
         return out
 
+    @staticmethod
+    def _sampling_logps(logps_list, completion_ids) -> torch.Tensor:
+        """vLLM's per-token sampling log-probs as a (B, C) float32 tensor aligned with ``completion_ids`` (B, C):
+        token j of row i is ``logps_list[i][j]``; a row without log-probs (``None``) or a token vLLM could not score
+        (``None``) is NaN (importance ratio 1, as in TRL); columns past a row's length are 0 (masked)."""
+        out = torch.zeros(completion_ids.shape, dtype=torch.float32)
+        for i, lp in enumerate(logps_list):
+            if lp is None:
+                out[i].fill_(math.nan)
+                continue
+            lp = lp[: out.size(1)]
+            out[i, : len(lp)] = torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32)
+        return out.to(completion_ids.device)
+
     def _importance_ratio(self, old, sampling, mask) -> torch.Tensor:
-        """vLLM-vs-trainer importance ratio, the modes of GRPOConfig.vllm_importance_sampling_mode."""
+        """Truncated / masked importance ratio π_θold / π_vLLM of the sampled tokens (TRL's vLLM correction).
+
+        ``old``, ``sampling``: (B, C) per-token log-probs of the trainer and of vLLM; ``mask``: (B, C) loss mask.
+        Returns (B, C) for ``vllm_importance_sampling_mode`` ``token_*``, (B, 1) for ``sequence_*`` (the exp of the
+        summed masked log-ratio); ``*_truncate`` clamps to [clip_min, clip_max], ``*_mask`` zeroes ratios outside it.
+        NaN log-probs count as a log-ratio of 0. Same computation as ``GRPOTrainer._generate_and_score_completions``.
+        """
         diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
         mode = self.vllm_importance_sampling_mode
         if mode.startswith("sequence"):
@@ -400,6 +430,31 @@ class GiGPOTrainer(GRPOTrainer):
         lo = -math.inf if lo is None else lo
         hi = math.inf if hi is None else hi
         return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+    def _record_sampling_metrics(self, mode, old, sampling, ratio, mask) -> None:
+        """TRL's vLLM sampling metrics under TRL's names: |logp_trainer - logp_vLLM| over loss tokens (mean, max)
+        and the importance ratio (min, mean, max; over loss tokens, or over sequences in ``sequence_*`` modes)."""
+        device = mask.device
+        keep = mask.bool()
+        delta = torch.abs(old - sampling)[keep & ~torch.isnan(old - sampling)]
+        if self.vllm_importance_sampling_mode.startswith("sequence"):  # (B, 1): rows with a loss token
+            flat = ratio[keep.any(dim=1)].flatten()
+        else:
+            flat = ratio[keep]
+
+        def stat(values, fn):
+            return fn(values) if values.numel() else torch.tensor(math.nan, device=device)
+
+        gather = self.accelerator.gather
+        values = {
+            "sampling/sampling_logp_difference/mean": gather(stat(delta, torch.mean)).nanmean(),
+            "sampling/sampling_logp_difference/max": gather(stat(delta, torch.max)).nan_to_num(-math.inf).max(),
+            "sampling/importance_sampling_ratio/min": gather(stat(flat, torch.min)).nan_to_num(math.inf).min(),
+            "sampling/importance_sampling_ratio/mean": gather(stat(flat, torch.mean)).nanmean(),
+            "sampling/importance_sampling_ratio/max": gather(stat(flat, torch.max)).nan_to_num(-math.inf).max(),
+        }
+        for key, value in values.items():  # ±inf: no loss token on any rank
+            self._metrics[mode][key].append(value.item() if torch.isfinite(value) else math.nan)
 
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows

@@ -1,0 +1,115 @@
+"""vLLM glue: what GiGPO's multi-turn loop needs around TRL 1.16's vLLM paths (``trl.generation.vllm_generation``).
+
+GiGPO generates through TRL's ``_generate_single_turn`` once per turn, so TRL's vLLM code runs T times per
+iteration, but TRL still syncs the weights once per optimizer step (``_last_loaded_step``). Three things need help:
+
+- **sleep mode** (``vllm_enable_sleep_mode``): TRL's colocate ``generate`` puts vLLM to sleep at level 2 (weights
+  discarded) after every call and re-pushes the weights before the next one: T weight syncs per iteration in a
+  multi-turn loop. :func:`check_vllm_args` warns at init.
+- **server mode without CUDA**: TRL's ``VLLMClient.init_communicator`` (NCCL weight transfer) raises
+  ``NotImplementedError`` on a non-CUDA device. :func:`server_weight_sync_guard` turns that into one warning at
+  init; generation through the server works, ``train()`` is refused up front (the server could never receive the
+  trained weights). On CUDA nothing is changed.
+- **colocate mode on vLLM's CPU backend**: TRL's colocate ``sync_weights`` calls ``model.load_weights`` per
+  parameter, but vLLM-CPU repacks every linear layer's weight for oneDNN after loading and drops the original
+  ``Parameter`` (``'Parameter' object has no attribute 'weight_loader'``). :func:`cpu_colocate_sync` pushes the
+  weights through vLLM's ``reload_weights``, which re-runs the post-load processing. On GPU TRL's own sync runs.
+
+Everything here reads TRL or vLLM private attributes; they are named in each docstring so that an upgrade is one
+file to read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from unittest import mock
+
+logger = logging.getLogger(__name__)
+
+SERVER_NO_SYNC_MESSAGE = (
+    "vllm_mode='server' on {device}: TRL pushes trained weights to the vLLM server over NCCL, which needs a CUDA "
+    "device, so this trainer cannot update the server. Generation through the server works (rollouts, "
+    "evaluate()) with the weights the server loaded from its own --model ({server_model!r}); train() is refused. "
+    "Train with vllm_mode='colocate' (works on CPU) or on a CUDA machine."
+)
+SLEEP_MODE_MESSAGE = (
+    "vllm_enable_sleep_mode=True with vllm_mode='colocate': TRL puts vLLM to sleep (level 2, weights discarded) "
+    "after every generate call and re-pushes all weights before the next, and GiGPO calls generate once per turn, "
+    "so each iteration makes max_turns={max_turns} weight syncs instead of 1. Set vllm_enable_sleep_mode=False "
+    "unless GPU memory forces it."
+)
+
+
+def check_vllm_args(args) -> None:
+    """Init check of the vLLM settings of a :class:`~gigpo_trl.config.GiGPOConfig` (no effect when
+    ``use_vllm=False``). Warns (``logging`` WARNING, logger ``gigpo_trl.vllm_glue``) when sleep mode would
+    re-sync the weights on every turn; it is correct, only slow, so it is not rejected."""
+    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
+        logger.warning(SLEEP_MODE_MESSAGE.format(max_turns=args.max_turns))
+
+
+class _ServerSync:
+    """Result of :func:`server_weight_sync_guard`: ``available`` is False when TRL's communicator was refused."""
+
+    available = True
+    message: str | None = None
+
+
+@contextlib.contextmanager
+def server_weight_sync_guard(args):
+    """Wrap ``GRPOTrainer.__init__`` (which builds TRL's ``VLLMClient`` and calls ``init_communicator``).
+
+    In server mode on a non-CUDA device (``args.device``), ``VLLMClient.init_communicator`` is replaced for the
+    duration of the block by a function that only records the refusal; everywhere else this is a no-op. Yields a
+    :class:`_ServerSync`. Private: ``trl.generation.vllm_client.VLLMClient.init_communicator`` and its
+    ``NotImplementedError`` for non-CUDA devices (TRL 1.16).
+    """
+    state = _ServerSync()
+    if not (args.use_vllm and args.vllm_mode == "server") or args.device.type == "cuda":
+        yield state
+        return
+    from trl.generation.vllm_client import VLLMClient
+
+    def refuse(client, device=0):
+        state.available = False
+        state.message = SERVER_NO_SYNC_MESSAGE.format(device=args.device, server_model=client.model)
+
+    with mock.patch.object(VLLMClient, "init_communicator", refuse):
+        yield state
+    if state.message is not None:
+        logger.warning(state.message)
+
+
+def skip_initial_server_sync(trainer) -> None:
+    """With no weight sync to the server, mark step 0's weights as loaded so the first generate call does not try
+    to push them (the server loaded the same checkpoint). Private: ``GRPOTrainer._last_loaded_step``."""
+    trainer._last_loaded_step = trainer.state.global_step
+
+
+def cpu_colocate_sync(vllm_generation) -> None:
+    """Push the trainer's weights into a colocated vLLM-CPU engine (replaces ``VLLMGeneration.sync_weights``).
+
+    Same parameters and names as TRL's sync (``VLLMGeneration._iter_named_params``: PEFT adapters merged, FSDP /
+    ZeRO-3 gathered), loaded through the model runner's ``reload_weights`` instead of per-parameter
+    ``model.load_weights``, then the prefix cache is reset as TRL does. Private: ``_iter_named_params``,
+    ``llm.llm_engine.model_executor.driver_worker.model_runner`` (the path TRL itself uses).
+    """
+    runner = vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=vllm_generation._iter_named_params(), is_checkpoint_format=True)
+    vllm_generation.llm.reset_prefix_cache()
+
+
+def install_cpu_colocate_sync(vllm_generation) -> bool:
+    """Route ``vllm_generation.sync_weights`` through :func:`cpu_colocate_sync` when vLLM runs on its CPU backend
+    in colocate mode; returns whether it did. GPU and server mode keep TRL's own sync."""
+    if vllm_generation.mode != "colocate":
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    if vllm_generation.enable_sleep_mode:  # TRL's sync wakes the weights first; vLLM-CPU has no sleep mode
+        raise ValueError("vllm_enable_sleep_mode=True is not supported by vLLM's CPU backend; set it to False")
+    vllm_generation.sync_weights = lambda: cpu_colocate_sync(vllm_generation)
+    return True

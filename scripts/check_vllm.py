@@ -1,0 +1,324 @@
+"""vLLM checks of GiGPO's multi-turn generation, colocate and server mode (driver of scripts/check_vllm.sh).
+
+    python scripts/check_vllm.py colocate [JOB ARGS...]                 # the FrozenLake job with --use_vllm
+    python scripts/check_vllm.py server --vllm_server_base_url http://127.0.0.1:PORT [JOB ARGS...]
+
+``colocate`` runs the main job (``examples/train_frozenlake.py``'s code path, ``gigpo_trl.job.run``: evaluate,
+train, evaluate, save) with ``--use_vllm true --vllm_mode colocate`` and then ``evaluate()`` twice more.
+``server`` builds the trainer against a running ``trl vllm-serve`` and makes one training rollout
+(``_generate_and_score_completions``) and one evaluation (twice, for the greedy check). Each mode prints every
+check as ``[check_vllm] <mode> PASS|FAIL|N/A <name>: <figures>`` and exits 1 when one fails:
+
+- rows == sum of trajectory lengths (per rollout);
+- generate calls per rollout == turns (the longest episode's length);
+- weight syncs: exactly one per optimizer step that generated (colocate; counted by wrapping ``sync_weights``);
+- mean importance-sampling ratio (π_trainer / π_vLLM, loss tokens) of the first rollout in [0.9, 1.1];
+- vLLM's log-prob of a fixed completion changed after the first optimizer step (colocate; read back from vLLM
+  after each sync, next to the trainer's own log-prob of the same tokens);
+- greedy evaluation twice gives the same success rate.
+
+The probes (:class:`Probe`) are also used by ``tests/test_vllm.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+FIXED_COMPLETION = "<think>The goal is below me, so I go down.</think><action>down</action>"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Probe:
+    """Counters and read-backs attached to a built GiGPOTrainer using vLLM.
+
+    - ``generate_calls[(mode, global_step)]``: ``_generate_turn`` calls (one per turn);
+    - ``syncs[global_step]``: ``vllm_generation.sync_weights`` calls;
+    - ``fixed_logps``: ``(global_step, vLLM log-prob, trainer log-prob)`` of :data:`FIXED_COMPLETION` after the
+      first training task's first prompt, read after every sync (colocate) — summed over the completion's tokens;
+    - ``rollouts``: per ``_generate_and_score_completions`` call: rows, sum of trajectory lengths, generate calls,
+      turns, mean importance-sampling ratio over loss tokens.
+    """
+
+    def __init__(self, trainer, task_row=None):
+        self.trainer = trainer
+        self.generate_calls: Counter = Counter()
+        self.syncs: Counter = Counter()
+        self.fixed_logps: list[tuple[int, float, float]] = []
+        self.rollouts: list[dict] = []
+        tok = trainer.processing_class
+        row = task_row if task_row is not None else trainer.train_dataset[0]
+        self.prompt_ids = trainer.collector.check_task(row)
+        self.completion_ids = tok.encode(FIXED_COMPLETION, add_special_tokens=False) + [tok.eos_token_id]
+
+        generate_turn = trainer._generate_turn
+        self._mode = "train"
+
+        def counted_generate(prompt_ids):
+            self.generate_calls[(self._mode, trainer.state.global_step)] += 1
+            return generate_turn(prompt_ids)
+
+        evaluate = trainer.evaluate
+
+        def tagged_evaluate(*args, **kwargs):
+            self._mode = "eval"
+            try:
+                return evaluate(*args, **kwargs)
+            finally:
+                self._mode = "train"
+
+        trainer.evaluate = tagged_evaluate
+
+        trainer._generate_turn = counted_generate
+        trainer.collector.generate_fn = counted_generate
+
+        collect = trainer.collector.collect
+        self._last_batch = None
+
+        def captured_collect(*args, **kwargs):
+            self._last_batch = collect(*args, **kwargs)
+            return self._last_batch
+
+        trainer.collector.collect = captured_collect
+
+        score = trainer._generate_and_score_completions
+
+        def scored(inputs):
+            calls_before = sum(self.generate_calls.values())
+            out = score(inputs)
+            batch = self._last_batch
+            mask = out["completion_mask"].bool()
+            ratio = out.get("importance_sampling_ratio")
+            is_mean = math.nan
+            if ratio is not None:  # over loss tokens (token_* modes) or over rows with one (sequence_*, (B, 1))
+                is_mean = float(ratio[mask].mean() if ratio.size(1) == mask.size(1) else ratio[mask.any(1)].mean())
+            self.rollouts.append({
+                "step": trainer.state.global_step, "rows": len(batch.rows),
+                "trajectory_turns": sum(t.num_turns for t in batch.trajectories if not t.failed),
+                "generate_calls": sum(self.generate_calls.values()) - calls_before,
+                "turns": max((t.num_turns for t in batch.trajectories), default=0),
+                "is_ratio_mean": is_mean,
+            })
+            return out
+
+        trainer._generate_and_score_completions = scored
+
+        if trainer.use_vllm:
+            sync = trainer.vllm_generation.sync_weights
+
+            def counted_sync():
+                self.syncs[trainer.state.global_step] += 1
+                sync()
+                if trainer.vllm_generation.mode == "colocate":
+                    self.fixed_logps.append((trainer.state.global_step, self.vllm_logp(), self.trainer_logp()))
+
+            trainer.vllm_generation.sync_weights = counted_sync
+
+    # ------------------------------------------------------------------ read-backs
+    def vllm_logp(self) -> float:
+        """vLLM's log-prob of the fixed completion (sum over its tokens), from its prompt log-probs."""
+        vg = self.trainer.vllm_generation
+        sequence = self.prompt_ids + self.completion_ids
+        n = len(self.prompt_ids)
+        if vg.mode == "colocate":
+            from vllm import SamplingParams
+
+            out = vg.llm.generate([{"prompt_token_ids": sequence}],
+                                  SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
+            per_position = out[0].prompt_logprobs
+            return float(sum(per_position[i][sequence[i]].logprob for i in range(n, len(sequence))))
+        result = vg.vllm_client.get_sequence_logprobs([sequence], [n], top_logprobs=1)
+        return float(sum(x[0] for x in result["actual_logprobs"][0]))
+
+    def trainer_logp(self) -> float:
+        """The trainer model's log-prob of the same tokens (same temperature scaling as the loss)."""
+        import torch
+
+        trainer = self.trainer
+        device = trainer.accelerator.device
+        ids = torch.tensor([self.prompt_ids + self.completion_ids], device=device)
+        with torch.no_grad():
+            logps, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, torch.ones_like(ids), len(self.completion_ids), batch_size=1
+            )[:2]
+        return float(logps.sum())
+
+
+# ---------------------------------------------------------------------------------------------------------- checks
+class Report:
+    def __init__(self, mode: str):
+        self.mode, self.failed = mode, []
+
+    def check(self, name: str, ok: bool | None, figures: str) -> None:
+        status = "N/A " if ok is None else ("PASS" if ok else "FAIL")
+        print(f"[check_vllm] {self.mode} {status} {name}: {figures}", flush=True)
+        if ok is False:
+            self.failed.append(name)
+
+
+def rollout_checks(report: Report, probe: Probe) -> None:
+    for i, r in enumerate(probe.rollouts):
+        report.check(f"rollout {i + 1} rows == sum of trajectory lengths", r["rows"] == r["trajectory_turns"],
+                     f"{r['rows']} rows, {r['trajectory_turns']} trajectory turns")
+        report.check(f"rollout {i + 1} generate calls == turns", r["generate_calls"] == r["turns"],
+                     f"{r['generate_calls']} generate calls, {r['turns']} turns")
+    if probe.rollouts:
+        first = probe.rollouts[0]["is_ratio_mean"]
+        report.check("mean importance-sampling ratio of the first step in [0.9, 1.1]", 0.9 <= first <= 1.1,
+                     f"{first:.4f}")
+
+
+def eval_check(report: Report, trainer, prefix: str) -> None:
+    first = trainer.evaluate(metric_key_prefix=f"{prefix}1")
+    second = trainer.evaluate(metric_key_prefix=f"{prefix}2")
+    a, b = first[f"{prefix}1_success_rate"], second[f"{prefix}2_success_rate"]
+    report.check("greedy evaluation twice gives the same success", a == b,
+                 f"{a:.3f} and {b:.3f} over {int(first[f'{prefix}1_num_tasks'])} tasks "
+                 f"({first[f'{prefix}1_runtime']:.1f} s, {second[f'{prefix}2_runtime']:.1f} s)")
+
+
+def sync_checks(report: Report, probe: Probe, train_steps: int) -> None:
+    per_iteration = [probe.syncs.get(step, 0) for step in range(train_steps)]
+    calls = {f"{mode}@{step}": n for (mode, step), n in sorted(probe.generate_calls.items())}
+    report.check("weight syncs: one per optimizer step that generated", all(n == 1 for n in probe.syncs.values())
+                 and sorted(probe.syncs) == sorted({s for (_, s) in probe.generate_calls}),
+                 f"syncs by global step {dict(sorted(probe.syncs.items()))}; generate calls by mode@step {calls}; "
+                 f"syncs in iterations 1..{train_steps}: {per_iteration} (iteration 1's step-0 sync happened "
+                 "in the evaluation before training, if any)")
+    by_step = {step: (v, t) for step, v, t in probe.fixed_logps}
+    if 0 in by_step and 1 in by_step:
+        (v0, t0), (v1, t1) = by_step[0], by_step[1]
+        # A step whose advantages are all 0 (every group flat) changes no weight: nothing to see in vLLM then.
+        report.check("vLLM log-prob of a fixed completion changed after one step", v1 != v0 if t1 != t0 else None,
+                     f"vLLM {v0:.4f} -> {v1:.4f} (change {v1 - v0:+.4f}); trainer {t0:.4f} -> {t1:.4f} "
+                     f"(change {t1 - t0:+.4f}); {len(probe.completion_ids)} tokens")
+    else:
+        report.check("vLLM log-prob of a fixed completion changed after one step", False,
+                     f"no read-back at steps 0 and 1 (have {sorted(by_step)})")
+
+
+# ---------------------------------------------------------------------------------------------------------- modes
+def _job(argv: list[str]):
+    from gigpo_trl.job import EXAMPLE_DEFAULTS, build_parser
+
+    parser = build_parser({"env": "frozenlake"},
+                          {**EXAMPLE_DEFAULTS["frozenlake"], "output_dir": "outputs/check_vllm"})
+    return parser.parse_args_and_config(argv)
+
+
+def run_colocate(argv: list[str]) -> int:
+    """The FrozenLake job (gigpo_trl.job.run, as examples/train_frozenlake.py) with vLLM colocate, instrumented."""
+    import gigpo_trl.trainer as trainer_module
+    from gigpo_trl import job as job_module
+
+    report = Report("colocate")
+    built: list = []
+
+    class ProbedTrainer(trainer_module.GiGPOTrainer):
+        def __init__(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            super().__init__(*args, **kwargs)
+            print(f"[check_vllm] colocate trainer + vLLM engine built in {time.perf_counter() - t0:.0f} s", flush=True)
+            self.probe = Probe(self)
+            # job.run ends with accelerator.end_training(), which destroys the process group that vLLM's
+            # in-process engine (external_launcher) runs on: keep it until the checks below are done.
+            self.end_training = self.accelerator.end_training
+            self.accelerator.end_training = lambda: None
+            built.append(self)
+
+    job, args, model_args = _job(["--use_vllm", "true", "--vllm_mode", "colocate", *argv])
+    trainer_module.GiGPOTrainer = ProbedTrainer  # job.run imports the name at call time
+    t0 = time.perf_counter()
+    code = job_module.run(job, args, model_args)
+    print(f"[check_vllm] colocate job (evaluate, {args.max_steps} iterations, evaluate, save) exit code {code} in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    trainer = built[0]
+    probe = trainer.probe
+    train_log = [e for e in trainer.state.log_history if "rollout/seconds" in e]
+    for e in train_log:
+        print(f"[check_vllm] colocate iteration {e['step']}: rollout {e['rollout/seconds']:.1f} s, "
+              f"{e['rollout/rows']:.0f} rows, {e['rollout/generate_calls']:.0f} generate calls, "
+              f"IS ratio mean {e.get('sampling/importance_sampling_ratio/mean', math.nan):.4f} "
+              f"[{e.get('sampling/importance_sampling_ratio/min', math.nan):.3f}, "
+              f"{e.get('sampling/importance_sampling_ratio/max', math.nan):.3f}], |logp diff| mean "
+              f"{e.get('sampling/sampling_logp_difference/mean', math.nan):.4f}", flush=True)
+    rollout_checks(report, probe)
+    sync_checks(report, probe, args.max_steps)
+    eval_check(report, trainer, "eval_greedy")
+    report.check("job exit code 0", code == 0, str(code))
+    trainer.end_training()
+    return 1 if report.failed else 0
+
+
+def run_server(argv: list[str]) -> int:
+    """One training rollout and one evaluation (twice) through a running `trl vllm-serve`."""
+    import logging
+
+    from gigpo_trl.job import env_factory
+    from gigpo_trl.models import resolve_model_path
+    from gigpo_trl.trainer import GiGPOTrainer
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    report = Report("server")
+    job, args, model_args = _job(["--use_vllm", "true", "--vllm_mode", "server", *argv])
+    base_model = resolve_model_path(model_args.model_name_or_path)
+    args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": model_args.dtype or "auto"}
+    tokenizer = AutoTokenizer.from_pretrained(base_model, padding_side="left")
+    factory = env_factory(job)
+    probe_env = factory()
+    t0 = time.perf_counter()
+    trainer = GiGPOTrainer(base_model, env=factory, args=args, train_dataset=probe_env.tasks("train"),
+                           eval_dataset=probe_env.tasks("eval"), processing_class=tokenizer,
+                           peft_config=get_peft_config(model_args))
+    print(f"[check_vllm] server trainer built (connected to {args.vllm_server_base_url}) in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    message = trainer._vllm_no_sync_message
+    report.check("weight sync refusal is one message at init", None if message is None else True,
+                 "no refusal (CUDA: TRL's NCCL weight sync is in use)" if message is None else message)
+    probe = Probe(trainer)
+    if message is not None:
+        try:
+            trainer.train()
+            refused = False
+        except RuntimeError as exc:
+            refused = str(exc) == message
+        report.check("train() is refused before any rollout", refused and not probe.generate_calls,
+                     f"RuntimeError with the same message: {refused}; generate calls before it: "
+                     f"{sum(probe.generate_calls.values())}")
+    batch_size = args.per_device_train_batch_size * args.steps_per_generation
+    dataset = trainer.train_dataset
+    inputs = [dict(dataset[g]) for g in range(batch_size // args.num_generations) for _ in range(args.num_generations)]
+    trainer.model.train()
+    t0 = time.perf_counter()
+    trainer._generate_and_score_completions(inputs)
+    trainer._metrics["train"].clear()
+    r = probe.rollouts[0]
+    print(f"[check_vllm] server rollout: {len(inputs)} envs, {r['rows']} rows, {r['generate_calls']} generate calls "
+          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    rollout_checks(report, probe)
+    v, t = probe.vllm_logp(), probe.trainer_logp()
+    report.check("vLLM log-prob of a fixed completion changed after one step", None,
+                 f"not applicable without weight sync; server {v:.4f} vs trainer {t:.4f} on the same "
+                 f"{len(probe.completion_ids)} tokens")
+    trainer.model.eval()
+    eval_check(report, trainer, "eval_greedy")
+    return 1 if report.failed else 0
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if not argv or argv[0] not in ("colocate", "server"):
+        print(__doc__)
+        return 2
+    os.chdir(ROOT)
+    return run_colocate(argv[1:]) if argv[0] == "colocate" else run_server(argv[1:])
+
+
+if __name__ == "__main__":  # vLLM may start worker processes by spawn, which re-imports this file
+    sys.exit(main(sys.argv[1:]))

