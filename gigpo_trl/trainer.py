@@ -30,7 +30,8 @@ from .config import GiGPOConfig
 from .envs import get_env_class
 from .metrics import anchor_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
-from .vllm_glue import check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard, skip_initial_server_sync
+from .vllm_glue import (check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard,
+                        skip_initial_server_sync, vllm_max_model_len)
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
@@ -188,6 +189,8 @@ class GiGPOTrainer(GRPOTrainer):
         if self.args.max_prompt_length is not None:
             return self.args.max_prompt_length
         context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if self.use_vllm:  # vLLM rejects prompt + completion past its own max_model_len
+            context = vllm_max_model_len(self) or context
         return None if context is None else max(1, context - (self.max_completion_length or 0))
 
     def _generate_turn(self, prompt_ids: list[list[int]]):

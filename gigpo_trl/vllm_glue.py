@@ -14,6 +14,8 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
   parameter, but vLLM-CPU repacks every linear layer's weight for oneDNN after loading and drops the original
   ``Parameter`` (``'Parameter' object has no attribute 'weight_loader'``). :func:`cpu_colocate_sync` pushes the
   weights through vLLM's ``reload_weights``, which re-runs the post-load processing. On GPU TRL's own sync runs.
+- **context limit**: vLLM rejects a request longer than its ``max_model_len``, which may be smaller than the model
+  config's; :func:`vllm_max_model_len` gives the collector the limit that prompts are fitted to.
 
 Everything here reads TRL or vLLM private attributes; they are named in each docstring so that an upgrade is one
 file to read.
@@ -85,6 +87,28 @@ def skip_initial_server_sync(trainer) -> None:
     """With no weight sync to the server, mark step 0's weights as loaded so the first generate call does not try
     to push them (the server loaded the same checkpoint). Private: ``GRPOTrainer._last_loaded_step``."""
     trainer._last_loaded_step = trainer.state.global_step
+
+
+def vllm_max_model_len(trainer) -> int | None:
+    """vLLM's context limit (prompt + completion tokens), or ``None`` when unknown. vLLM rejects a longer request,
+    so the collector's prompt limit must come from it, not from the model config, when ``vllm_max_model_length``
+    (colocate) or the server's ``--max_model_len`` is smaller. Server mode asks the server on the main process and
+    broadcasts the answer, so every rank uses the same limit. Private: ``llm.llm_engine.model_config``
+    (colocate, as TRL itself reads it); the server's ``/server_info``."""
+    vg = trainer.vllm_generation
+    if vg.mode == "colocate":
+        return int(vg.llm.llm_engine.model_config.max_model_len)
+    from accelerate.utils import broadcast_object_list
+
+    value = [None]
+    if trainer.accelerator.is_main_process:
+        try:
+            value[0] = int(vg.vllm_client.get_server_info()["model_config"]["max_model_len"])
+        except Exception as exc:  # an older server without the field: fall back to the model config
+            logger.warning("could not read max_model_len from the vLLM server (%s); using the model's context", exc)
+    if trainer.accelerator.num_processes > 1:
+        broadcast_object_list(value, from_process=0)
+    return value[0]
 
 
 def cpu_colocate_sync(vllm_generation) -> None:

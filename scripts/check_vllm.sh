@@ -41,10 +41,12 @@ print(f'[check_vllm] torch {torch.__version__}, trl {trl.__version__}, vllm {vll
 MODEL_PATH=$(python -c "from gigpo_trl.models import resolve_model_path as r; print(r('$MODEL'))") || exit 1
 echo "[check_vllm] model: $MODEL_PATH"
 
-# Short episodes and small groups: each iteration trains on every row of the rollout on 2 CPU cores.
-JOB_ARGS=(--model_name_or_path "$MODEL_PATH" --max_steps 2 --num_generations 2 --per_device_train_batch_size 4
-          --max_turns 4 --max_completion_length 32 --eval_max_tasks 4 --learning_rate 1e-4
-          --vllm_max_model_length 2048)
+# Short episodes, 2 task groups x 2 rollouts per iteration, trained in 4 micro-batches with one optimizer step
+# (one weight sync) per iteration: the activations of all ~16 rows of ~350 tokens in one backward (fp32, no
+# gradient checkpointing on CPU) took >13 GB and were OOM-killed on this 24 GB machine.
+JOB_ARGS=(--model_name_or_path "$MODEL_PATH" --max_steps 2 --num_generations 2 --per_device_train_batch_size 1
+          --steps_per_generation 4 --gradient_accumulation_steps 4 --max_turns 4 --max_completion_length 32
+          --eval_max_tasks 4 --learning_rate 1e-4 --vllm_max_model_length 2048)
 status=0
 
 echo "[check_vllm] === colocate ==="

@@ -199,6 +199,8 @@ def test_colocate_one_weight_sync_per_step_and_it_reaches_vllm(colocate_run):
 def test_colocate_importance_ratio_near_one_before_any_update(colocate_run):
     trainer, probe, _ = colocate_run
     assert 0.9 <= probe.rollouts[0]["is_ratio_mean"] <= 1.1
+    # prompts are fitted to vLLM's context (vllm_max_model_length=1024), not the model config's 4096
+    assert trainer.collector.max_prompt_length == 1024 - trainer.max_completion_length
     first = next(e for e in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in e)
     assert first["sampling/importance_sampling_ratio/mean"] == pytest.approx(probe.rollouts[0]["is_ratio_mean"])
     assert first["sampling/sampling_logp_difference/mean"] < 0.05  # per token, bf16 vLLM vs fp32 trainer
@@ -269,6 +271,7 @@ def test_server_mode_generates_and_refuses_training_up_front(vllm_server, vllm_m
     (r,) = probe.rollouts
     assert r["rows"] == r["trajectory_turns"] > 0 and r["generate_calls"] == r["turns"]
     assert 0.9 <= r["is_ratio_mean"] <= 1.1
+    assert trainer.collector.max_prompt_length == 1024 - trainer.max_completion_length  # the server's --max_model_len
     assert not probe.syncs  # nothing pushed: the server kept the checkpoint it loaded, the same weights
     assert abs(probe.vllm_logp() - probe.trainer_logp()) < 0.5
     trainer.model.eval()
