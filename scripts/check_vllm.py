@@ -66,6 +66,7 @@ class Probe:
 
         def tagged_evaluate(*args, **kwargs):
             self._mode = "eval"
+            self.eval_completions.append([])
             try:
                 return evaluate(*args, **kwargs)
             finally:
@@ -79,8 +80,12 @@ class Probe:
         collect = trainer.collector.collect
         self._last_batch = None
 
+        self.eval_completions: list = []  # per evaluate(): every row's completion ids, in order
+
         def captured_collect(*args, **kwargs):
             self._last_batch = collect(*args, **kwargs)
+            if self._mode == "eval":
+                self.eval_completions[-1].extend(r.completion_ids for r in self._last_batch.rows)
             return self._last_batch
 
         trainer.collector.collect = captured_collect
@@ -172,13 +177,16 @@ def rollout_checks(report: Report, probe: Probe) -> None:
                      f"{first:.4f}")
 
 
-def eval_check(report: Report, trainer, prefix: str) -> None:
+def eval_check(report: Report, trainer, probe: Probe, prefix: str) -> None:
     first = trainer.evaluate(metric_key_prefix=f"{prefix}1")
     second = trainer.evaluate(metric_key_prefix=f"{prefix}2")
     a, b = first[f"{prefix}1_success_rate"], second[f"{prefix}2_success_rate"]
-    report.check("greedy evaluation twice gives the same success", a == b,
+    c1, c2 = probe.eval_completions[-2:]
+    same_text = c1 == c2
+    report.check("greedy evaluation twice gives the same success", a == b and same_text,
                  f"{a:.3f} and {b:.3f} over {int(first[f'{prefix}1_num_tasks'])} tasks "
-                 f"({first[f'{prefix}1_runtime']:.1f} s, {second[f'{prefix}2_runtime']:.1f} s)")
+                 f"({first[f'{prefix}1_runtime']:.1f} s, {second[f'{prefix}2_runtime']:.1f} s); the same "
+                 f"completion tokens in all {len(c1)} rows: {same_text}")
 
 
 def sync_checks(report: Report, probe: Probe, train_steps: int) -> None:
@@ -192,13 +200,37 @@ def sync_checks(report: Report, probe: Probe, train_steps: int) -> None:
     by_step = {step: (v, t) for step, v, t in probe.fixed_logps}
     if 0 in by_step and 1 in by_step:
         (v0, t0), (v1, t1) = by_step[0], by_step[1]
-        # A step whose advantages are all 0 (every group flat) changes no weight: nothing to see in vLLM then.
+        # A step whose advantages are all 0 (every group flat) changes no weight: nothing to see in vLLM then
+        # (nudge_check below moves the weights by hand instead).
+        why = "" if t1 != t0 else (" -- the step changed no weight (loss 0: every group's returns equal, e.g. all "
+                                   "completions invalid), see the nudge check")
         report.check("vLLM log-prob of a fixed completion changed after one step", v1 != v0 if t1 != t0 else None,
                      f"vLLM {v0:.4f} -> {v1:.4f} (change {v1 - v0:+.4f}); trainer {t0:.4f} -> {t1:.4f} "
-                     f"(change {t1 - t0:+.4f}); {len(probe.completion_ids)} tokens")
+                     f"(change {t1 - t0:+.4f}); {len(probe.completion_ids)} tokens{why}")
     else:
         report.check("vLLM log-prob of a fixed completion changed after one step", False,
                      f"no read-back at steps 0 and 1 (have {sorted(by_step)})")
+
+
+def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.02) -> None:
+    """Move every trainable weight by hand (seeded noise), sync once, and check that vLLM's log-prob of the fixed
+    completion moved as the trainer's did: the sync path carries whatever the weights are, even when the job's
+    steps left them unchanged."""
+    import torch
+
+    v0, t0 = probe.vllm_logp(), probe.trainer_logp()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn(p.shape, generator=generator).to(p.device, p.dtype))
+    t1 = probe.trainer_logp()
+    trainer.vllm_generation.sync_weights()
+    v1 = probe.vllm_logp()
+    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.25 * abs(t1 - t0)
+    report.check("vLLM follows the trainer's weights (trainable weights nudged by hand, one sync)", ok,
+                 f"trainer {t0:.4f} -> {t1:.4f} (change {t1 - t0:+.4f}), vLLM {v0:.4f} -> {v1:.4f} "
+                 f"(change {v1 - v0:+.4f}); noise scale {scale} on the trainable weights")
 
 
 # ---------------------------------------------------------------------------------------------------------- modes
@@ -248,7 +280,8 @@ def run_colocate(argv: list[str]) -> int:
               f"{e.get('sampling/sampling_logp_difference/mean', math.nan):.4f}", flush=True)
     rollout_checks(report, probe)
     sync_checks(report, probe, args.max_steps)
-    eval_check(report, trainer, "eval_greedy")
+    nudge_check(report, trainer, probe)
+    eval_check(report, trainer, probe, "eval_greedy")
     report.check("job exit code 0", code == 0, str(code))
     trainer.end_training()
     return 1 if report.failed else 0
@@ -307,7 +340,7 @@ def run_server(argv: list[str]) -> int:
                  f"not applicable without weight sync; server {v:.4f} vs trainer {t:.4f} on the same "
                  f"{len(probe.completion_ids)} tokens")
     trainer.model.eval()
-    eval_check(report, trainer, "eval_greedy")
+    eval_check(report, trainer, probe, "eval_greedy")
     return 1 if report.failed else 0
 
 

@@ -164,7 +164,10 @@ def colocate_run(tmp_path_factory, vllm_model_dir, tiny_tokenizer):
     probe = Probe(trainer)
     trainer.train()
     evals = [trainer.evaluate()["eval_success_rate"] for _ in range(2)]
-    return trainer, probe, evals
+    yield trainer, probe, evals
+    # the engine shuts down before the process group it runs on is destroyed (no "Invalid process group")
+    trainer.accelerator.end_training()
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.vllm
@@ -209,8 +212,10 @@ def test_colocate_importance_ratio_near_one_before_any_update(colocate_run):
 @pytest.mark.vllm
 @needs_vllm
 def test_colocate_greedy_evaluation_is_repeatable(colocate_run):
-    trainer, _, evals = colocate_run
+    trainer, probe, evals = colocate_run
     assert evals[0] == evals[1]
+    assert probe.eval_completions[0] == probe.eval_completions[1]  # token for token
+    assert len(probe.eval_completions[0]) >= 16  # one eval episode per task, >= 1 row each
     assert trainer.vllm_generation.temperature == trainer.args.temperature  # restored after evaluate()
 
 
@@ -276,3 +281,4 @@ def test_server_mode_generates_and_refuses_training_up_front(vllm_server, vllm_m
     assert abs(probe.vllm_logp() - probe.trainer_logp()) < 0.5
     trainer.model.eval()
     assert trainer.evaluate()["eval_success_rate"] == trainer.evaluate()["eval_success_rate"]
+    assert probe.eval_completions[0] == probe.eval_completions[1]
