@@ -140,16 +140,22 @@ class Probe:
         return float(sum(x[0] for x in result["actual_logprobs"][0]))
 
     def trainer_logp(self) -> float:
-        """The trainer model's log-prob of the same tokens (same temperature scaling as the loss)."""
+        """The trainer model's log-prob of the same tokens (same temperature scaling as the loss), in eval mode:
+        vLLM has no dropout (LoRA's lora_dropout would make the trainer's value noisy)."""
         import torch
 
         trainer = self.trainer
         device = trainer.accelerator.device
         ids = torch.tensor([self.prompt_ids + self.completion_ids], device=device)
-        with torch.no_grad():
-            logps, _ = trainer._get_per_token_logps_and_entropies(
-                trainer.model, ids, torch.ones_like(ids), len(self.completion_ids), batch_size=1
-            )[:2]
+        was_training = trainer.model.training
+        trainer.model.eval()
+        try:
+            with torch.no_grad():
+                logps, _ = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, ids, torch.ones_like(ids), len(self.completion_ids), batch_size=1
+                )[:2]
+        finally:
+            trainer.model.train(was_training)
         return float(logps.sum())
 
 
@@ -227,10 +233,12 @@ def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.02) -> N
     t1 = probe.trainer_logp()
     trainer.vllm_generation.sync_weights()
     v1 = probe.vllm_logp()
-    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.25 * abs(t1 - t0)
+    t2 = probe.trainer_logp()  # the sync merges LoRA adapters into a copy for vLLM and must unmerge them again
+    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.25 * abs(t1 - t0) and t2 == t1
     report.check("vLLM follows the trainer's weights (trainable weights nudged by hand, one sync)", ok,
                  f"trainer {t0:.4f} -> {t1:.4f} (change {t1 - t0:+.4f}), vLLM {v0:.4f} -> {v1:.4f} "
-                 f"(change {v1 - v0:+.4f}); noise scale {scale} on the trainable weights")
+                 f"(change {v1 - v0:+.4f}); trainer after the sync {t2:.4f}; noise scale {scale} on the "
+                 "trainable weights")
 
 
 # ---------------------------------------------------------------------------------------------------------- modes

