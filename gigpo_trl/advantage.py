@@ -404,15 +404,17 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
     seqs = _to_numpy(history_keys)
     if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:
         seqs = seqs.tolist()  # (R, D) array: every row has D keys
-    tails = []
-    for i, h in enumerate(seqs.tolist() if isinstance(seqs, np.ndarray) else seqs):
-        if type(h) is not tuple:
+    rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
+    if set(map(type, rows)) <= {tuple, list}:  # the usual case: one slice per row
+        tails = [h[-depth:] for h in rows]
+    else:
+        tails = []
+        for i, h in enumerate(rows):
             if isinstance(h, (str, bytes)) or not hasattr(h, "__len__"):
                 raise TypeError(
                     f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), got {type(h).__name__}"
                 )
-            h = tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h)
-        tails.append(h[-depth:])
+            tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h)[-depth:])
     lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
     flat = list(itertools.chain.from_iterable(tails))
     if not set(map(type, flat)) <= _PLAIN_TYPES:
