@@ -124,6 +124,21 @@ def time_call(kwargs, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def time_interleaved(cases: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median wall seconds of one call per case, the cases timed in turn within each repeat, so that a change
+    of machine load during the run affects all of them alike (the ratios are what this case reports)."""
+    for _ in range(warmup):
+        for kwargs in cases.values():
+            compute_gigpo_advantages(**kwargs)
+    times = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, kwargs in cases.items():
+            t0 = time.perf_counter()
+            compute_gigpo_advantages(**kwargs)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -149,11 +164,14 @@ def main(argv=None) -> int:
 
     hier = make_hierarchy_case()
     n_hier = len(hier["rewards"])
-    t_state = time_call(dict(hier, mode=args.mode), max(5, args.repeats // 2))
+    cases = {"state": dict(hier, mode=args.mode)}
+    for depth in (0, 1, 2, 4):
+        cases[depth] = dict(hier, mode=args.mode, step_grouping="hierarchical", hierarchy_depth=depth)
+    times = time_interleaved(cases, args.repeats)
+    t_state = times["state"]
     print(f"hierarchical (HGPO), {n_hier} rows: today's step_grouping='state' {t_state * 1e3:8.2f} ms/call")
     for depth in (0, 1, 2, 4):
-        kwargs = dict(hier, mode=args.mode, step_grouping="hierarchical", hierarchy_depth=depth)
-        t_k = time_call(kwargs, max(5, args.repeats // 2))
+        kwargs, t_k = cases[depth], times[depth]
         sizes = compute_gigpo_advantages(**kwargs).level_group_sizes
         singletons = ", ".join(f"{(sizes[:, k] == 1).mean():.2f}" for k in range(depth + 1))
         target = (f"   target <= {TARGET_HIERARCHY_RATIO}x: {verdict(t_k / t_state <= TARGET_HIERARCHY_RATIO)}"
