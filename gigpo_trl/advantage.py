@@ -416,17 +416,27 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
                 )
             tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h)[-depth:])
     lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
-    flat = list(itertools.chain.from_iterable(tails))
-    if not set(map(type, flat)) <= _PLAIN_TYPES:
+    total = int(lengths.sum())
+    types = set(map(type, itertools.chain.from_iterable(tails)))
+    codes = None
+    if types <= {int}:  # e.g. the trainer's 64-bit hashes: one C pass and a sort, no dictionary
         try:
-            flat = list(map(_anchor_key, flat))
-        except TypeError as err:
-            raise TypeError(f"history_keys: {err}") from None
-    codes, _ = _factorize_hashables(flat, "history_keys")
+            flat = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=total)
+            codes = np.unique(flat, return_inverse=True)[1].reshape(-1)
+        except OverflowError:  # ints beyond int64: the general path below
+            pass
+    if codes is None:
+        flat = list(itertools.chain.from_iterable(tails))
+        if not types <= _PLAIN_TYPES:
+            try:
+                flat = list(map(_anchor_key, flat))
+            except TypeError as err:
+                raise TypeError(f"history_keys: {err}") from None
+        codes, _ = _factorize_hashables(flat, "history_keys")
     E = np.full((len(tails), depth), -1, dtype=np.int64)
     owner = np.repeat(np.arange(len(tails), dtype=np.int64), lengths)
     starts = np.cumsum(lengths) - lengths
-    position = np.arange(len(flat), dtype=np.int64) - starts[owner]  # 0 = oldest key kept
+    position = np.arange(total, dtype=np.int64) - starts[owner]  # 0 = oldest key kept
     E[owner, lengths[owner] - 1 - position] = codes
     return E
 

@@ -223,6 +223,19 @@ def test_history_as_2d_array():
     assert res.step_advantages[2] == pytest.approx(-0.5)
 
 
+def test_key_types_int_fast_path_agrees_with_general_path():
+    rows = _random_rows(11)
+    _, _, _, h, _, _ = zip(*rows)
+    as_ints = [tuple(history_pair_hash(*p) for p in keys) for keys in h]
+    as_text = [tuple(f"{history_pair_hash(*p)}" for p in keys) for keys in h]
+    huge = [tuple(2**70 + history_pair_hash(*p) for p in keys) for keys in h]  # beyond int64
+    results = [_run([r[:3] + (k,) + r[4:] for r, k in zip(rows, keys)], step_grouping="hierarchical",
+                    hierarchy_depth=3) for keys in (h, as_ints, as_text, huge)]
+    for res in results[1:]:
+        np.testing.assert_array_equal(res.advantages, results[0].advantages)
+        np.testing.assert_array_equal(res.level_group_sizes, results[0].level_group_sizes)
+
+
 def test_empty_input():
     res = compute_gigpo_advantages(rewards=[], group_ids=[], trajectory_ids=[], anchor_states=[], history_keys=[],
                                    step_grouping="hierarchical", hierarchy_depth=2)
