@@ -701,15 +701,23 @@ def compute_gigpo_advantages(
       group. Each level gives ``A_k`` (the A_S formula within ``G_k``) and
       ``A_S = sum_k w_k A_k`` with ``w_k = (k+1)^alpha / sum_j (j+1)^alpha``
       (the paper's adaptive weights: finer, more consistent groups weigh
-      more). Our documented choices where we could not read the paper's
-      text: (a) the sum over ``j`` runs over the levels where the row's
-      group has at least two members (a singleton level carries no
-      baseline; nesting makes these levels ``0..k*``), a row alone already
-      in ``G_0`` gets ``A_S = 0`` as in GiGPO; (b) at the first turns of an
-      episode (``t < k``) the context is the whole shorter history, so such
-      a row shares ``G_k`` only with rows at the same turn with the same
-      full history; (c) ``A_E`` and ``omega`` stay as in GiGPO, so
-      ``A = A_E + omega * A_S`` (K = 0 reproduces GiGPO bit for bit).
+      more). The paper's own text was not available to us (only summaries
+      quoting ``C_k``, the nested groups and ``w_k``); our choices: (a) the
+      sum over ``j`` runs over the levels where the row's group has at
+      least two members (a singleton level carries no baseline; nesting
+      makes these levels ``0..k*``), a row alone already in ``G_0`` gets
+      ``A_S = 0`` as in GiGPO; (b) at the first turns of an episode
+      (``t < k``) the context is the whole shorter history, so such a row
+      shares ``G_k`` only with rows at the same turn with the same full
+      history (the same prompt); (c) ``A_E`` and ``omega`` stay as in
+      GiGPO, so ``A = A_E + omega * A_S`` (K = 0 reproduces GiGPO bit for
+      bit); (d) per-level statistics as GiGPO's (Bessel-corrected std).
+      The authors' verl-agent recipe (``recipe/hgpo/core_hgpo.py``, as read
+      in a fork) differs: its context is the observation sequence only
+      (no actions); a row with ``t < k`` has no level-``k`` group; levels
+      with ``A_k == 0`` (not only singletons) leave the weights; its level
+      weights are ``(k + 2)^alpha`` in our numbering; population std; and
+      by default no episode term (``base_group=False``).
       Cost: one pairing of codes per level (``O(R)`` plus a sort).
 
     Raises
