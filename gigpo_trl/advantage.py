@@ -402,11 +402,15 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
     remaining columns. Keys are matched exactly (see :func:`_anchor_key`).
     """
     seqs = _to_numpy(history_keys)
-    if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:
-        seqs = seqs.tolist()  # (R, D) array: every row has D keys
+    if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:  # (R, D): D keys per row
+        tail = seqs[:, max(0, seqs.shape[1] - depth):][:, ::-1]  # most recent first
+        codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
+        E = np.full((len(seqs), depth), -1, dtype=np.int64)
+        E[:, : tail.shape[1]] = codes.reshape(tail.shape)
+        return E
     rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
-    if set(map(type, rows)) <= {tuple, list}:  # the usual case: one slice per row
-        tails = [h[-depth:] for h in rows]
+    if set(map(type, rows)) <= {tuple, list}:  # the usual case
+        tails = rows
     else:
         tails = []
         for i, h in enumerate(rows):
@@ -414,8 +418,11 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
                 raise TypeError(
                     f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), got {type(h).__name__}"
                 )
-            tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h)[-depth:])
+            tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h))
     lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+    if len(tails) and int(lengths.max()) > depth:  # keep the last `depth` keys (the trainer records no more)
+        tails = [h[-depth:] for h in tails]
+        np.minimum(lengths, depth, out=lengths)
     total = int(lengths.sum())
     types = set(map(type, itertools.chain.from_iterable(tails)))
     codes = None
@@ -433,11 +440,12 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
             except TypeError as err:
                 raise TypeError(f"history_keys: {err}") from None
         codes, _ = _factorize_hashables(flat, "history_keys")
+    # the j-th most recent key of row i sits at flat position end_i - j
+    ends = np.cumsum(lengths)
     E = np.full((len(tails), depth), -1, dtype=np.int64)
-    owner = np.repeat(np.arange(len(tails), dtype=np.int64), lengths)
-    starts = np.cumsum(lengths) - lengths
-    position = np.arange(total, dtype=np.int64) - starts[owner]  # 0 = oldest key kept
-    E[owner, lengths[owner] - 1 - position] = codes
+    for j in range(1, depth + 1):
+        has = lengths >= j
+        E[has, j - 1] = codes[ends[has] - j]
     return E
 
 
