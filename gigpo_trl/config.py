@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -177,6 +178,14 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"step_grouping must be one of {list(STEP_GROUPINGS)}, got {self.step_grouping!r}")
         if isinstance(self.hierarchy_depth, bool) or not isinstance(self.hierarchy_depth, int) or self.hierarchy_depth < 0:
             raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
+        if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
+            warnings.warn(
+                f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "
+                f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
+                "hierarchy_depth <= history_length, e.g. both 2)",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:

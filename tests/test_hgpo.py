@@ -275,6 +275,8 @@ def test_config_fields_and_validation(tmp_path):
     assert GiGPOConfig(**common, step_grouping="hierarchical", hierarchy_depth=0).hierarchy_depth == 0
     with pytest.raises(ValueError, match=r"step_grouping must be one of \['state', 'hierarchical'\], got 'hgpo'"):
         GiGPOConfig(**common, step_grouping="hgpo")
+    with pytest.warns(UserWarning, match=r"hierarchy_depth=2 > history_length=1: the HGPO levels beyond 1"):
+        GiGPOConfig(**common, step_grouping="hierarchical", history_length=1)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match=f"hierarchy_depth must be an int >= 0, got {bad!r}"):
             GiGPOConfig(**common, hierarchy_depth=bad)
