@@ -404,9 +404,10 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
     seqs = _to_numpy(history_keys)
     if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:  # (R, D): D keys per row
         tail = seqs[:, max(0, seqs.shape[1] - depth):][:, ::-1]  # most recent first
-        codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
         E = np.full((len(seqs), depth), -1, dtype=np.int64)
-        E[:, : tail.shape[1]] = codes.reshape(tail.shape)
+        if tail.size:
+            codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
+            E[:, : tail.shape[1]] = codes.reshape(tail.shape)
         return E
     rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
     if set(map(type, rows)) <= {tuple, list}:  # the usual case
