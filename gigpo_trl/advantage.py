@@ -416,9 +416,8 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
         tails = []
         for i, h in enumerate(rows):
             if isinstance(h, (str, bytes)) or not hasattr(h, "__len__"):
-                raise TypeError(
-                    f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), got {type(h).__name__}"
-                )
+                raise TypeError(f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), "
+                                f"got {type(h).__name__}")
             tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h))
     lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
     if len(tails) and int(lengths.max()) > depth:  # keep the last `depth` keys (the trainer records no more)

@@ -176,7 +176,8 @@ class GiGPOConfig(GRPOConfig):
             )
         if self.step_grouping not in STEP_GROUPINGS:
             raise ValueError(f"step_grouping must be one of {list(STEP_GROUPINGS)}, got {self.step_grouping!r}")
-        if isinstance(self.hierarchy_depth, bool) or not isinstance(self.hierarchy_depth, int) or self.hierarchy_depth < 0:
+        depth = self.hierarchy_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
         if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
             warnings.warn(
