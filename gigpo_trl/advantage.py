@@ -16,8 +16,10 @@ LLM Agent Training* (Feng et al., arXiv 2505.10978), Sec. 3:
 
 The numerical conventions follow the reference implementation that produced
 the paper's tables (invalid-action penalty, per-row episode statistics,
-``mean 0 / std 1`` for a singleton episode group, ``A_S = 0`` for a singleton
-step group, ``1e-6`` added to the standard deviation).
+``A_S = 0`` for a singleton step group, ``1e-6`` added to the standard
+deviation), except for a task group left with one trajectory: ``A_E = A_S =
+0`` there, where the reference would pass the raw return through (see
+:func:`compute_gigpo_advantages`, Notes).
 
 This module depends on numpy, torch and rapidfuzz only (no Trainer) and is
 vectorised: group statistics are segment reductions (``np.bincount``), the
@@ -459,7 +461,8 @@ def _normalise(x, seg, ref, mean_shift, std, mode):
 
 
 def _episode_advantages(episode_scores, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats):
-    """A_E (Sec. 3.1). A singleton population uses mean 0, std 1."""
+    """A_E (Sec. 3.1). A singleton population uses mean 0, std 1 (the reference's convention; its rows are then
+    zeroed by the lone-trajectory rule in :func:`compute_gigpo_advantages`)."""
     if episode_stats == "rows":
         values, seg = episode_scores, group_codes
     else:
@@ -470,6 +473,13 @@ def _episode_advantages(episode_scores, R_tau, group_codes, traj_codes, n_groups
     single = count == 1
     ref[single], mean_shift[single], std[single] = 0.0, 0.0, 1.0
     return _normalise(episode_scores, group_codes, ref, mean_shift, std, mode)
+
+
+def _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj) -> np.ndarray:
+    """``(R,)`` bool: rows of task groups that hold a single trajectory (e.g. the other members failed)."""
+    traj_group = np.zeros(n_traj, dtype=np.int64)
+    traj_group[traj_codes] = group_codes
+    return (np.bincount(traj_group, minlength=n_groups) == 1)[group_codes]
 
 
 def _step_advantages(step_scores, step_codes, n_steps, mode):
@@ -538,8 +548,8 @@ def compute_gigpo_advantages(
           ``R_tau`` (GRPO's per-rollout statistics). Each row's ``A_E`` is
           its own (penalised) episode score minus that mean (over std).
 
-        A population of one member uses mean 0 and std 1 (the score passes
-        through; divided by ``1 + 1e-6`` in ``mean_std_norm``).
+        A task group with a single trajectory gets ``A_E = A_S = 0`` on all
+        its rows (see Notes).
     similarity_threshold : float in (0, 1), optional
         ``None``: exact anchor matching. Otherwise anchors (which must all be
         ``str``) of one task group share a step group when connected by a
@@ -563,6 +573,14 @@ def compute_gigpo_advantages(
       row), minus the row's own penalty; ``A_S`` normalises it over the step
       group (rows of one task group with the same anchor state, Sec. 3.2).
       A singleton step group gets ``A_S = 0``; equal members give exactly 0.
+    * A task group with ONE trajectory (in training: the other members'
+      environments failed and their rows were dropped) gets ``A_E = 0`` and
+      ``A_S = 0`` on every row: a population of one carries no relative
+      signal. The reference instead uses mean 0 / std 1 for a singleton
+      population, so a lone survivor's advantage would be its raw return
+      (and, under ``episode_stats="rows"``, a value that depends on its
+      length); there this only arises with ``N = 1``, which the trainer
+      rejects (``num_generations >= 2``).
 
     Raises
     ------
@@ -622,6 +640,8 @@ def compute_gigpo_advantages(
         episode_returns - row_penalty, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats
     )
     A_S, step_sizes = _step_advantages(G, step_codes, n_steps, mode)
+    lone = _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj)
+    A_E[lone], A_S[lone] = 0.0, 0.0  # a population of one: nothing to compare against
     A = A_E + omega * A_S
     return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, step_sizes[step_codes])
 

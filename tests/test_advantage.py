@@ -163,17 +163,32 @@ def test_episode_stats_trajectories_vs_rows():
 
 
 def test_singleton_groups():
-    # Episode group of one row: mean 0, std 1 -> value passes through (÷(1+1e-6) with std).
-    # Step group of one row: A_S = 0.
-    res = _run([("g", "t", "s", 2.5)], mode="mean_std_norm")
-    np.testing.assert_allclose(res.episode_advantages, [2.5 / (1 + 1e-6)], atol=1e-12)
-    np.testing.assert_allclose(res.step_advantages, [0.0])
-    res = _run([("g", "t", "s", 2.5)], mode="mean_norm")
-    np.testing.assert_allclose(res.episode_advantages, [2.5])
+    # A task group of one trajectory (here one row): A_E = A_S = 0, in both modes (not the raw return 2.5).
+    for mode in ("mean_norm", "mean_std_norm"):
+        res = _run([("g", "t", "s", 2.5)], mode=mode)
+        np.testing.assert_array_equal(res.episode_advantages, [0.0])
+        np.testing.assert_array_equal(res.step_advantages, [0.0])
+        np.testing.assert_array_equal(res.episode_returns, [2.5])
     # all-equal group -> exactly 0
     rows = [("g", i, "s", 0.1) for i in range(3)]
     res = _run(rows, mode="mean_std_norm")
     assert np.all(res.episode_advantages == 0.0) and np.all(res.step_advantages == 0.0)
+
+
+@pytest.mark.parametrize("episode_stats", ["rows", "trajectories"])
+def test_lone_surviving_trajectory_gets_zero_advantage(episode_stats):
+    # Group "w": the only healthy member (the others failed and were dropped) wins a WebShop-like 10 after 3 turns,
+    # revisiting state "a" and with one invalid action. Group "h": two healthy members, computed as usual.
+    rows = [("w", 0, "a", 0.0), ("w", 0, "b", 0.0), ("w", 0, "a", 10.0),
+            ("h", 0, "s", 1.0), ("h", 1, "s", 0.0)]
+    res = _run(rows, action_valid=[1, 0, 1, 1, 1], episode_stats=episode_stats)
+    np.testing.assert_array_equal(res.episode_advantages[:3], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(res.step_advantages[:3], [0.0, 0.0, 0.0])  # "a" twice: still no comparison
+    np.testing.assert_array_equal(res.advantages[:3], [0.0, 0.0, 0.0])
+    assert res.anchor_group_sizes[0] == 2  # the step group itself is still reported
+    # the healthy pair: R = 1 vs 0, mean 0.5 -> A_E = ±0.5, one shared anchor -> A_S = ±0.5
+    np.testing.assert_allclose(res.episode_advantages[3:], [0.5, -0.5], atol=1e-12)
+    np.testing.assert_allclose(res.step_advantages[3:], [0.5, -0.5], atol=1e-12)
 
 
 def test_long_trajectory_returns_are_exact():
@@ -423,9 +438,12 @@ def _grpo(rows, mode, per_row):
         R[(g, t)] = R.get((g, t), 0.0) + r
     out = []
     for g, t, _, _ in rows:
+        if sum(1 for g2, _ in R if g2 == g) == 1:  # one trajectory in the group: no comparison, 0
+            out.append(0.0)
+            continue
         pop = [R[(g2, t2)] for g2, t2, _, _ in rows if g2 == g] if per_row else \
               [v for (g2, _), v in R.items() if g2 == g]
-        mean, std = (statistics.fmean(pop), statistics.stdev(pop)) if len(pop) > 1 else (0.0, 1.0)
+        mean, std = statistics.fmean(pop), statistics.stdev(pop)
         x = R[(g, t)] - mean
         out.append(x / (std + 1e-6) if mode == "mean_std_norm" else x)
     return np.array(out)
