@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -52,7 +53,8 @@ class GiGPOConfig(GRPOConfig):
         num_env_workers (`int`, *optional*, defaults to `0`):
             Worker processes stepping the environments; `0` steps them in the training process.
         env_step_timeout (`float` or `None`, *optional*, defaults to `None`):
-            Seconds an environment step may take in a worker before its trajectory is ended as failed.
+            Seconds an environment step may take in a worker before its trajectory is ended as failed. Needs
+            `num_env_workers >= 1` (a warning says so otherwise: in-process steps cannot be interrupted).
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             Drop task groups whose trajectory returns are all equal (no episode-level signal) and roll out fresh
             tasks in their place, as DAPO does, up to `max_dynamic_sampling_rounds` extra rounds.
@@ -107,7 +109,8 @@ class GiGPOConfig(GRPOConfig):
         default=0, metadata={"help": "Worker processes stepping the environments; 0 steps them in-process."}
     )
     env_step_timeout: float | None = field(
-        default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails."}
+        default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails (needs "
+                                        "num_env_workers >= 1)."}
     )
     dynamic_sampling: bool = field(
         default=False,
@@ -166,6 +169,12 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
         if self.env_step_timeout is not None and self.env_step_timeout <= 0:
             raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
+        if self.env_step_timeout is not None and self.num_env_workers == 0:
+            warnings.warn(
+                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
+                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
+                UserWarning, stacklevel=2,
+            )
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:
