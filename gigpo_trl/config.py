@@ -64,6 +64,16 @@ class GiGPOConfig(GRPOConfig):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
+
+        > Parameters whose default differs from [`~trl.GRPOConfig`]
+
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            Disable dropout in the model (`nn.Dropout` modules, LoRA dropout, and the attention dropout of
+            transformers models). Rollouts are generated in train mode, so with dropout on the policy that samples
+            a completion differs from the one that scores it (log-probs, importance ratio) and from the greedy
+            evaluation policy; `True` makes them one policy. `evaluate()` runs in eval mode either way.
+        loss_type (`str`, *optional*, defaults to `"dapo"`):
+            Loss aggregation; the global token mean fits a varying number of rows per iteration.
     """
 
     # GiGPO advantage
@@ -124,6 +134,13 @@ class GiGPOConfig(GRPOConfig):
     )
     eval_max_tasks: int | None = field(
         default=None, metadata={"help": "Evaluate on at most this many tasks of the eval dataset."}
+    )
+    # Changed defaults: dropout off, so that the sampled policy is the one that is scored and trained.
+    disable_dropout: bool = field(
+        default=True,
+        metadata={"help": "Whether to disable dropout in the model (nn.Dropout, LoRA dropout and attention dropout). "
+                          "True (GiGPO's default, TRL's is False): rollouts sample from the same policy the loss "
+                          "scores. evaluate() always runs in eval mode."},
     )
     # Changed defaults: the global token mean fits a varying number of rows per iteration.
     loss_type: str = field(

@@ -55,6 +55,14 @@ def _resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
     return {DEFAULT_ENV_KEY: env}
 
 
+def _disable_attention_dropout(model) -> None:
+    """Complete TRL's ``disable_dropout_in_model`` (which zeroes ``nn.Dropout`` modules only): attention layers of
+    transformers models apply their float ``attention_dropout`` functionally, in train mode."""
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
 class GiGPOTrainer(GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
@@ -132,6 +140,8 @@ class GiGPOTrainer(GRPOTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if args.disable_dropout:
+            _disable_attention_dropout(self.model)
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
@@ -432,12 +442,15 @@ class GiGPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
     @contextlib.contextmanager
     def _eval_sampling(self):
-        """Sample at ``eval_temperature`` (0 = greedy) for the duration of the block."""
+        """Sample at ``eval_temperature`` (0 = greedy) with the model in eval mode (dropout off) for the duration of
+        the block; the previous mode and sampling settings come back afterwards, also when the block raises."""
         temperature = self.args.eval_temperature
         saved = (self.generation_config.do_sample, self.generation_config.temperature,
                  dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
         saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
+        was_training = self.model.training
         try:
+            self.model.eval()
             if saved is not None:
                 greedy = temperature == 0.0
                 self.generation_config.do_sample = not greedy
@@ -455,9 +468,10 @@ class GiGPOTrainer(GRPOTrainer):
                 self.generation_kwargs.update(saved[2])
             if self.use_vllm:
                 self.vllm_generation.temperature = saved_vllm
+            self.model.train(was_training)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Run one episode per eval task at ``eval_temperature`` and report success rates.
+        """Run one episode per eval task at ``eval_temperature``, in eval mode (dropout off), and report success rates.
 
         Episodes run ``per_device_eval_batch_size`` at a time per process (one batched generate call per turn).
 

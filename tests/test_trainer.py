@@ -149,3 +149,63 @@ def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_to
     returns = [t.episode_return for t in batches[1].trajectories]
     assert returns == [1.0, 1.0, 1.0, 0.0]
     assert out["advantages"].abs().sum() > 0
+
+
+def _dropout_model(tokenizer, p=0.5):
+    from gigpo_trl.models import build_tiny_model
+
+    model = build_tiny_model(tokenizer)
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = p
+    return model
+
+
+def test_evaluate_runs_in_eval_mode_and_restores_the_mode(tmp_path, tiny_tokenizer):
+    import datasets
+
+    tasks = datasets.Dataset.from_dict({"task": [5, 6], "seed": [0, 1]})
+    args = make_args(tmp_path, disable_dropout=False, max_turns=2, per_device_eval_batch_size=2)
+    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+    generate, calls = trainer.collector.generate_fn, []
+
+    def policy_logits(prompt):  # the policy as the generator sees it at this moment (dropout applies in train mode)
+        with torch.no_grad():
+            return trainer.model(torch.tensor([prompt])).logits[0, -1]
+
+    def recording(prompt_ids):
+        calls.append((trainer.model.training, policy_logits(prompt_ids[0])))
+        return generate(prompt_ids)
+
+    trainer.collector.generate_fn = recording
+    prompt = trainer.collector.check_task({"task": 5, "seed": 0})
+    trainer.model.train()  # the test can fail: in train mode the same prompt gives other logits each time
+    assert not torch.equal(policy_logits(prompt), policy_logits(prompt))
+    trainer.evaluate(tasks)
+    assert trainer.model.training, "the previous (train) mode must be restored"
+    n = len(calls)
+    trainer.evaluate(tasks)
+    assert n == 2 and len(calls) == 4 and not any(training for training, _ in calls)  # 2 turns per evaluation
+    for (_, a), (_, b) in zip(calls[:n], calls[n:]):
+        assert torch.equal(a, b), "the same weights must give the same policy in two evaluations"
+    # restored also when the evaluation raises
+    trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
+    with pytest.raises(RuntimeError, match="generation failed"):
+        trainer.evaluate(tasks)
+    assert trainer.model.training and trainer.generation_config.do_sample
+    trainer.collector.close()
+
+
+def test_dropout_is_off_by_default_so_sampling_and_scoring_agree(tmp_path, tiny_tokenizer):
+    from peft import LoraConfig
+
+    assert GiGPOConfig(output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False).disable_dropout is True
+    peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=CorridorEnv, args=make_args(tmp_path),
+                           processing_class=tiny_tokenizer, peft_config=peft_config)
+    modules = list(trainer.model.modules())
+    lora = [m for m in modules if isinstance(m, torch.nn.Dropout)]
+    attention = [m.attention_dropout for m in modules if isinstance(getattr(m, "attention_dropout", None), float)]
+    assert len(lora) == 2 and all(m.p == 0 for m in lora)  # one LoRA dropout per q_proj of the 2 layers
+    assert attention == [0.0, 0.0]
+    trainer.collector.close()
