@@ -215,13 +215,31 @@ class _Tag:
 
 
 _NDARRAY, _LIST, _DICT, _SET = _Tag("ndarray"), _Tag("list"), _Tag("dict"), _Tag("set")
+_NAN = _Tag("nan")  # every NaN is one anchor value: identity, payload and sign must not matter (pickling)
+
+
+def _float_key(v: float) -> Any:
+    """NaN -> one key; ``-0.0`` -> ``0.0`` (equal as numbers, so one key in every container)."""
+    return _NAN if v != v else v + 0.0
+
+
+def _canonical_floats(x: np.ndarray) -> np.ndarray:
+    """A float/complex array with one NaN bit pattern and ``-0.0`` as ``0.0``, so equal values give equal bytes."""
+    if x.dtype.kind == "c":
+        out = np.empty_like(x)
+        out.real, out.imag = _canonical_floats(x.real), _canonical_floats(x.imag)
+        return out
+    return np.where(np.isnan(x), np.array(np.nan, dtype=x.dtype), x + x.dtype.type(0))
 
 
 def _anchor_key(x: Any) -> Any:
     """Stable hashable key of one raw observation (exact anchor matching).
 
     * ``str``/``bytes``/numbers/``None``/other hashable objects: the object
-      itself (Python equality; note ``1 == 1.0``).
+      itself (Python equality; note ``1 == 1.0``), except that floats are
+      compared by value: every NaN equals every NaN (not only itself, an
+      identity that pickling to and from env workers breaks) and ``-0.0``
+      equals ``0.0``, alone and inside any container or array.
     * ``numpy.ndarray`` / ``torch.Tensor``: ``(shape, dtype, raw bytes)``, so
       equal arrays match and arrays of different shape or dtype never do.
     * ``tuple``: tuple of keys; ``list``: likewise, tagged (a list never equals
@@ -231,6 +249,12 @@ def _anchor_key(x: Any) -> Any:
     Raises ``TypeError`` for anything else that is unhashable.
     """
     tx = type(x)
+    if tx is float:
+        return _float_key(x)
+    if isinstance(x, np.floating):
+        return _float_key(float(x) if x.itemsize <= 8 else x)
+    if tx is complex or isinstance(x, np.complexfloating):
+        return (_NAN, _float_key(x.real), _float_key(x.imag)) if x != x else x
     if tx in _PLAIN_TYPES:
         return x
     if isinstance(x, torch.Tensor):
@@ -238,6 +262,8 @@ def _anchor_key(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         if x.dtype == object:
             return (_NDARRAY, x.shape, "O", tuple(map(_anchor_key, x.ravel().tolist())))
+        if x.dtype.kind in "fc":
+            x = _canonical_floats(x)
         return (_NDARRAY, x.shape, x.dtype.str, np.ascontiguousarray(x).tobytes())
     if isinstance(x, tuple):
         return tuple(map(_anchor_key, x))
@@ -260,13 +286,15 @@ def _exact_anchor_codes(anchor_states: Any) -> tuple[np.ndarray, int]:
     if isinstance(anchors, np.ndarray) and anchors.dtype != object:
         if anchors.ndim == 1:  # numbers or fixed-width strings
             return _factorize(anchors, "anchor_states")
-        # (R, ...) numeric array: each row is an ndarray anchor, keyed by its bytes.
+        # (R, ...) numeric array: each row is an ndarray anchor, keyed by its (canonical) bytes.
+        if anchors.dtype.kind in "fc":
+            anchors = _canonical_floats(anchors)
         rows = np.ascontiguousarray(anchors.reshape(len(anchors), -1))
         void = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
         uniq, inverse = np.unique(void, return_inverse=True)
         return inverse.astype(np.int64, copy=False), len(uniq)
     seq = anchors.tolist() if isinstance(anchors, np.ndarray) and anchors.ndim == 1 else list(anchors)
-    if not set(map(type, seq)) <= _PLAIN_TYPES:
+    if not set(map(type, seq)) <= _PLAIN_TYPES - {float, complex}:  # floats too: NaN and -0.0 need a key
         try:
             seq = list(map(_anchor_key, seq))
         except TypeError as err:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import random
 import statistics
 
@@ -309,6 +310,45 @@ def test_anchor_types():
     np.testing.assert_allclose(res.step_advantages[:8], [-0.5, 0.5] * 4, atol=1e-12)
     np.testing.assert_allclose(res.step_advantages[[8, 11]], [0.0, 0.0])
     np.testing.assert_allclose(res.step_advantages[9:11], [-0.5, 0.5], atol=1e-12)
+
+
+def test_anchor_equality_is_by_value_nan_and_signed_zero():
+    # Each pair is one state: NaN objects that are not identical (as after pickling to/from an env worker), NaN
+    # inside tuples, dicts and arrays (any payload or sign), -0.0 vs 0.0 inside arrays and lists; then a different
+    # state (1.0 vs nan) that must stay apart.
+    nan_a, nan_b = float("nan"), pickle.loads(pickle.dumps(float("nan")))
+    assert nan_a is not nan_b
+    pairs = [
+        (nan_a, nan_b),
+        ((1, nan_a), (1, nan_b)),
+        ({"x": nan_a}, {"x": nan_b}),
+        (np.array([0.0, np.nan]), np.array([-0.0, -np.nan])),
+        (np.array([1 + 0j, complex(np.nan, 2)]), np.array([1 - 0j, complex(-np.nan, 2)])),
+        ([-0.0, "a"], [0.0, "a"]),
+        (torch.tensor([-0.0, float("nan")]), torch.tensor([0.0, float("nan")])),
+        (np.float32("nan"), math.nan),
+    ]
+    anchors = [a for pair in pairs for a in pair] + [(1, 1.0)]
+    n = len(anchors)
+    res = compute_gigpo_advantages(rewards=np.arange(n, dtype=float), group_ids=[0] * n,
+                                   trajectory_ids=list(range(n)), anchor_states=anchors)
+    ids = res.anchor_group_ids.tolist()
+    assert all(ids[2 * k] == ids[2 * k + 1] for k in range(len(pairs))), ids
+    assert len(set(ids)) == len(pairs) - 1 + 1  # NaN scalars of both kinds are one state; (1, 1.0) alone
+    # one-row trajectories, G = r: a pair -> -0.5, +0.5; the four NaN scalars (rewards 0, 1, 14, 15) -> r - 7.5;
+    # the lone (1, 1.0) -> 0
+    np.testing.assert_allclose(res.step_advantages[2:4], [-0.5, 0.5], atol=1e-12)
+    np.testing.assert_allclose(res.step_advantages[[0, 1, 14, 15]], [-7.5, -6.5, 6.5, 7.5], atol=1e-12)
+    assert res.step_advantages[-1] == 0.0
+    # the array fast paths: (R, d) float rows and a 1-D float array
+    rows = np.array([[0.0, np.nan], [-0.0, -np.nan], [0.0, 1.0]])
+    ids = compute_gigpo_advantages(rewards=np.zeros(3), group_ids=[0] * 3, trajectory_ids=[0, 1, 2],
+                                   anchor_states=rows).anchor_group_ids
+    assert ids[0] == ids[1] != ids[2]
+    for anchors in (np.array([np.nan, -np.nan, -0.0, 0.0]), [nan_a, nan_b, -0.0, 0.0]):
+        ids = compute_gigpo_advantages(rewards=np.zeros(4), group_ids=[0] * 4, trajectory_ids=[0, 1, 2, 3],
+                                       anchor_states=anchors).anchor_group_ids
+        assert ids[0] == ids[1] != ids[2] == ids[3]
 
 
 def test_anchor_2d_array_rows():

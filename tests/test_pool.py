@@ -1,11 +1,13 @@
 import functools
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv
@@ -140,6 +142,33 @@ def test_nan_reward_and_bad_observation_are_error_results(num_workers):
         first = pool.reset([0], [0])[0]
         assert first.error is not None and "unhashable" in first.error and first.done
         assert "no active episode" in pool.step({0: "up"})[0].error
+
+
+class NanAnchorEnv(FrozenLakeEnv):
+    """Anchors hold the module constant math.nan (one object in-process, a fresh one after each pickling) and a
+    zero whose sign depends on the seed: equal states must still share a key."""
+
+    def reset(self, task, seed=None):
+        self.zero = -0.0 if seed % 2 else 0.0
+        return super().reset(task, seed)
+
+    def anchor_state(self, observation):
+        return (observation, math.nan, (self.zero, math.nan))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_nan_anchors_group_the_same_in_process_and_in_workers(num_workers):
+    from gigpo_trl.advantage import compute_gigpo_advantages
+
+    with EnvPool(NanAnchorEnv, num_workers=num_workers) as pool:
+        anchors = [r.anchor for r in pool.reset([0, 0, 0, 0], [0, 1, 0, 1])]  # four copies of one start state
+        anchors += [r.anchor for r in pool.step({0: "right", 1: "right", 2: "down", 3: "down"}).values()]
+    res = compute_gigpo_advantages(rewards=np.arange(8.0), group_ids=[0] * 8, trajectory_ids=[0, 1, 2, 3] * 2,
+                                   anchor_states=anchors)
+    # turn 0: one state (4 rows); then "right" (slots 0, 1) and "down" (slots 2, 3): two states
+    assert res.anchor_group_sizes.tolist() == [4, 4, 4, 4, 2, 2, 2, 2]
+    ids = res.anchor_group_ids.tolist()
+    assert ids[4] == ids[5] != ids[6] == ids[7]
 
 
 def test_unpicklable_factory_rejected():
