@@ -47,7 +47,8 @@ class GiGPOConfig(GRPOConfig):
             k, the number of past observation/action pairs shown in each prompt.
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             Token limit of one turn's prompt; history is dropped (oldest first) to fit, then a `ValueError`.
-            `None`: the model's context length minus `max_completion_length`.
+            `None`: the model's context length minus `max_completion_length`. With `max_completion_length` it must
+            fit the model's context (`max_position_embeddings`), checked when the trainer is built.
         require_think (`bool`, *optional*, defaults to `True`):
             Whether a completion without a `<think>…</think>` block counts as an invalid action.
         num_env_workers (`int`, *optional*, defaults to `0`):

@@ -187,9 +187,17 @@ class GiGPOTrainer(GRPOTrainer):
             self._signature_columns = ["task", "seed", "task_type", "env", "prompt"]
 
     def _resolve_max_prompt_length(self) -> int | None:
-        if self.args.max_prompt_length is not None:
-            return self.args.max_prompt_length
         context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if self.args.max_prompt_length is not None:
+            total = self.args.max_prompt_length + (self.max_completion_length or 0)
+            if context is not None and total > context:
+                raise ValueError(
+                    f"max_prompt_length={self.args.max_prompt_length} + max_completion_length="
+                    f"{self.max_completion_length} = {total} is more than the model's context of {context} positions "
+                    f"(max_position_embeddings); lower them so that they sum to at most {context}, or leave "
+                    "max_prompt_length=None (the context minus max_completion_length)"
+                )
+            return self.args.max_prompt_length
         return None if context is None else max(1, context - (self.max_completion_length or 0))
 
     def _generate_turn(self, prompt_ids: list[list[int]]):

@@ -209,6 +209,23 @@ def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer.collector.close()
 
 
+def test_prompt_plus_completion_beyond_the_context_fails_at_init(tmp_path, tiny_tokenizer):
+    from gigpo_trl.models import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, max_positions=4096)
+    with pytest.raises(ValueError, match=r"max_prompt_length=60000 \+ max_completion_length=8 = 60008 is more than the "
+                                         r"model's context of 4096 positions \(max_position_embeddings\)"):
+        GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=60000),
+                     processing_class=tiny_tokenizer)
+    with pytest.raises(ValueError, match=r"= 4097 is more than the model's context of 4096"):
+        GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=4089),
+                     processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=4088),
+                           processing_class=tiny_tokenizer)  # exactly the context: accepted
+    assert trainer.collector.max_prompt_length == 4088
+    trainer.collector.close()
+
+
 def test_evaluate_rejects_dataset_without_task(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
     with pytest.raises(ValueError, match=r"eval_dataset has no 'task' column \(columns: \['goal'\]\)"):
