@@ -28,7 +28,7 @@ from trl.trainer.utils import pad, use_adapter
 from .advantage import compute_gigpo_advantages
 from .config import GiGPOConfig
 from .envs import get_env_class
-from .metrics import anchor_metrics, episode_metrics
+from .metrics import anchor_metrics, completion_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
@@ -439,6 +439,12 @@ class GiGPOTrainer(GRPOTrainer):
         metrics["rollout/seconds"] = t_rollout
         metrics["rollout/advantage_seconds"] = t_adv
         metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
+        # TRL's clipped / terminated completion metrics; an empty completion was not cut at the limit
+        ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        local = [(len(r.completion_ids), bool(r.completion_ids) and r.completion_ids[-1] not in ends) for r in rows]
+        gathered = gather_object(local) if multi else local
+        if gathered:
+            metrics.update(completion_metrics(*zip(*gathered)))
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
         if self.log_completions:

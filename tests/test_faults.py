@@ -88,6 +88,18 @@ def test_model_output_of_any_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
     assert len(rows) == 24 and not any(t.failed for t in seen[0]["batch"].trajectories)
     assert [r.action_valid for r in rows[:8]] == valid
     assert "\ufffd" in rows[6].completion_text and "思考" in rows[3].completion_text
+    # TRL's completion metrics over the 24 rows (each turn repeats the 8 scripted completions): only the cut one is
+    # clipped; the empty one counts as terminated (length 0)
+    lengths = [len(c) for c in scripted]
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("completions/")}
+    terminated = [n for i, n in enumerate(lengths) if i != 4]
+    assert logged == pytest.approx({
+        "completions/mean_length": np.mean(lengths), "completions/min_length": 0.0,
+        "completions/max_length": float(max(lengths)), "completions/clipped_ratio": 1 / 8,
+        "completions/mean_terminated_length": np.mean(terminated),
+        "completions/min_terminated_length": 0.0, "completions/max_terminated_length": float(max(terminated)),
+    })
+    assert trainer._metrics["train"]["episode/truncated_rate"] == [0.0]  # every episode ended with done
     n = len(rows)
     # the trainer's advantages are the estimator's on the same rows, penalty included
     torch.testing.assert_close(out["advantages"][:n], torch.tensor(expected_advantages(rows), dtype=torch.float32))

@@ -5,6 +5,7 @@ import re
 import pytest
 from toy_env import CorridorEnv
 
+from gigpo_trl.metrics import episode_metrics
 from gigpo_trl.rollout import RolloutCollector
 
 
@@ -52,6 +53,7 @@ def test_rows_equal_sum_of_trajectory_lengths(tiny_tokenizer):
     assert [t.won for t in batch.trajectories] == [True, False, True, False]
     assert [t.episode_return for t in batch.trajectories] == [1.0, 0.0, 1.0, 0.0]
     assert [t.truncated for t in batch.trajectories] == [False, True, False, True]
+    assert episode_metrics(batch.trajectories)["episode/truncated_rate"] == 0.5
     # the policy answers by position in the call: once envs 0 and 2 are done, env 3 is second and gets LEFT
     valid = [r.action_valid for r in batch.rows if r.trajectory_id == (0, 3)]
     assert valid == [False, False, False, True, True]
