@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
+
+_SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
+
+
+@contextlib.contextmanager
+def scrubbed_tokens():
+    """Within the block, a pickled ``GiGPOConfig`` (``torch.save``) carries no ``*_token`` string."""
+    reset = _SCRUB_TOKENS.set(True)
+    try:
+        yield
+    finally:
+        _SCRUB_TOKENS.reset(reset)
+
 
 ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
@@ -150,13 +165,15 @@ class GiGPOConfig(GRPOConfig):
     )
 
     def __getstate__(self) -> dict:
-        """Pickle without secrets: ``transformers.Trainer`` writes the whole config with ``torch.save`` into every
-        checkpoint (``training_args.bin``, also pushed to the Hub), so ``hub_token`` (and any other ``*_token``
-        string) is left out of the pickled copy; ``to_dict``/``str`` already mask it. The live object keeps it."""
+        """The pickled state; without secrets only inside :func:`scrubbed_tokens`, which the trainer holds while it
+        writes the config into a checkpoint (``training_args.bin``, also pushed to the Hub): ``hub_token`` and any
+        other ``*_token`` string are ``None`` there. Copies, deep copies and other pickles keep them;
+        ``to_dict``/``str`` mask them."""
         state = dict(self.__dict__)
-        for key, value in state.items():
-            if key.endswith("_token") and isinstance(value, str):
-                state[key] = None
+        if _SCRUB_TOKENS.get():
+            for key, value in state.items():
+                if key.endswith("_token") and isinstance(value, str):
+                    state[key] = None
         return state
 
     def __post_init__(self):

@@ -26,7 +26,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from .advantage import compute_gigpo_advantages
-from .config import GiGPOConfig
+from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
@@ -230,6 +230,16 @@ class GiGPOTrainer(GRPOTrainer):
             # Tensors, lists, dicts and ints only: loadable with torch.load(weights_only=True).
             torch.save(state, os.path.join(folder, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index)))
         super()._save_checkpoint(model, trial)
+
+    # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
+    # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
+    def _save(self, output_dir=None, state_dict=None):
+        with scrubbed_tokens():
+            super()._save(output_dir, state_dict)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        with scrubbed_tokens():
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
