@@ -132,18 +132,26 @@ class RolloutCollector:
         self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
-        self.pools = {
-            name: EnvPool(factory, num_workers=num_env_workers, step_timeout=step_timeout)
-            for name, factory in self.env_factories.items()
-        }
+        self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout}
+        self.pools = {name: EnvPool(factory, **self._pool_kwargs) for name, factory in self.env_factories.items()}
         # One probe instance per env for prompt templates / limits (reusing any the caller already built); the
         # pools own the stepping instances.
         templates = dict(templates or {})
         self._templates = {name: templates.get(name) or factory() for name, factory in self.env_factories.items()}
 
-    def close(self) -> None:
+    def close_pools(self) -> None:
+        """Stop the env pools (their worker processes); the next :meth:`collect` starts fresh ones."""
         for pool in self.pools.values():
             pool.close()
+        self.pools.clear()
+
+    def _pool(self, key: str) -> EnvPool:
+        if key not in self.pools:
+            self.pools[key] = EnvPool(self.env_factories[key], **self._pool_kwargs)
+        return self.pools[key]
+
+    def close(self) -> None:
+        self.close_pools()
         for env in self._templates.values():
             if hasattr(env, "close"):
                 env.close()
@@ -279,7 +287,7 @@ class RolloutCollector:
 
         # Reset: slot j of pool `key` runs task by_key[key][j].
         for key, idxs in by_key.items():
-            results = self.pools[key].reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
+            results = self._pool(key).reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
             for slot, (i, res) in enumerate(zip(idxs, results)):
                 st = states[i]
                 st["slot"] = slot
@@ -333,7 +341,7 @@ class RolloutCollector:
                 actions.setdefault(st["key"], {})[st["slot"]] = parsed.action
             results = {}
             for key, slot_actions in actions.items():
-                for slot, res in self.pools[key].step(slot_actions).items():
+                for slot, res in self._pool(key).step(slot_actions).items():
                     results[(key, slot)] = res
             for i in active:
                 st = states[i]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
 import time
@@ -16,6 +17,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 from accelerate.utils import gather_object
@@ -163,6 +165,14 @@ class GiGPOTrainer(GRPOTrainer):
             templates={next(iter(self.env_factories)): self._probe_env},  # built above; not twice at start-up
         )
         self._check_first_prompt(train_dataset)
+
+    def train(self, *args, **kwargs):
+        """``Trainer.train``; the env pools (worker processes) are closed at the end, also when training raises.
+        A later :meth:`evaluate` or ``train`` starts fresh ones."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.collector.close_pools()
 
     # ------------------------------------------------------------------ small helpers
     def _check_first_prompt(self, dataset) -> None:
@@ -512,9 +522,7 @@ class GiGPOTrainer(GRPOTrainer):
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         _check_task_dataset(dataset, None, "eval_dataset")
-        tasks = [dict(row) for row in dataset]
-        if self.args.eval_max_tasks is not None:
-            tasks = tasks[: self.args.eval_max_tasks]
+        tasks = [dict(row) for row in itertools.islice(dataset, self.args.eval_max_tasks)]  # None: all
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = tasks[rank::world]
         # Episodes run per_device_eval_batch_size at a time; every rank makes the same number of collect calls
@@ -540,6 +548,17 @@ class GiGPOTrainer(GRPOTrainer):
 
 def _check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
     """Fail early on a task dataset the collector cannot use."""
+    if isinstance(dataset, datasets.IterableDataset):
+        if args is not None:  # the training task set
+            raise ValueError(
+                f"{name} is a datasets.IterableDataset; GiGPO needs a map-style datasets.Dataset of tasks (its size "
+                "and random access serve the init check, the group sampler and dynamic sampling): materialise it, "
+                "e.g. datasets.Dataset.from_list(list(iterable_dataset.take(n))). An iterable eval_dataset is fine."
+            )
+        columns = dataset.column_names or list(next(iter(dataset), {"task": None}))
+        if "task" not in columns:
+            raise ValueError(f"{name} has no 'task' column (columns: {columns}); each row must give the task to reset")
+        return
     columns = getattr(dataset, "column_names", None)
     if columns is None and len(dataset):
         columns = list(dataset[0])

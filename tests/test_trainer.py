@@ -209,3 +209,53 @@ def test_dropout_is_off_by_default_so_sampling_and_scoring_agree(tmp_path, tiny_
     assert len(lora) == 2 and all(m.p == 0 for m in lora)  # one LoRA dropout per q_proj of the 2 layers
     assert attention == [0.0, 0.0]
     trainer.collector.close()
+
+
+def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, tiny_tokenizer):
+    args = make_args(tmp_path, num_env_workers=1, env_step_timeout=30)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    pool = trainer.collector.pools["default"]
+    workers = [w.process for w in pool._workers]
+    assert len(workers) == 1 and workers[0].is_alive()
+    trainer.train()
+    workers[0].join(timeout=5)
+    assert pool._closed and trainer.collector.pools == {} and not workers[0].is_alive()
+    # evaluate (or train) afterwards starts a fresh pool
+    metrics = trainer.evaluate(trainer.train_dataset.select(range(2)))
+    assert metrics["eval_num_tasks"] == 2.0 and trainer.collector.pools["default"].worker_pids()[0] is not None
+    second = trainer.collector.pools["default"]
+    alive = [w.process for w in second._workers]
+    assert all(p.is_alive() for p in alive)
+    # an error inside train() closes the pool too
+    trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
+    trainer.args.max_steps = 2
+    with pytest.raises(RuntimeError, match="generation failed"):
+        trainer.train()
+    assert second._closed and trainer.collector.pools == {}
+    for p in alive:
+        p.join(timeout=5)
+    assert not any(p.is_alive() for p in alive)
+    trainer.collector.close()
+
+
+def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
+    import datasets
+
+    tasks = datasets.Dataset.from_dict({"task": [3, 4, 5, 6], "seed": [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match=r"train_dataset is a datasets.IterableDataset; GiGPO needs a map-style "
+                                         r"datasets.Dataset of tasks .* datasets.Dataset.from_list"):
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer,
+                     train_dataset=tasks.to_iterable_dataset())
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path, eval_max_tasks=3),
+                           processing_class=tiny_tokenizer)
+    right = tiny_tokenizer.encode("<think>go</think><action>right</action>")
+    trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
+    # an iterable eval set is accepted: same episodes as the map-style one (the first 3 tasks)
+    iterable, mapped = trainer.evaluate(tasks.to_iterable_dataset()), trainer.evaluate(tasks)
+    assert iterable["eval_num_tasks"] == mapped["eval_num_tasks"] == 3.0
+    # lengths 3, 4, 5 from positions 0, 1, 2: 2 turns each, all within max_turns=4
+    assert iterable["eval_success_rate"] == mapped["eval_success_rate"] == 1.0
+    assert iterable["eval_length_mean"] == mapped["eval_length_mean"] == 2.0
+    with pytest.raises(ValueError, match=r"eval_dataset has no 'task' column \(columns: \['goal'\]\)"):
+        trainer.evaluate(datasets.Dataset.from_dict({"goal": [1]}).to_iterable_dataset())
+    trainer.collector.close()
