@@ -75,7 +75,12 @@ class GiGPOConfig(GRPOConfig):
             Drop task groups whose trajectory returns are all equal (no episode-level signal) and roll out fresh
             tasks in their place, as DAPO does, up to `max_dynamic_sampling_rounds` extra rounds.
         max_dynamic_sampling_rounds (`int`, *optional*, defaults to `2`):
-            Bound on the extra rollout rounds of `dynamic_sampling`.
+            Bound on the extra rollout rounds of `dynamic_sampling`. Groups still flat after the last round are
+            kept (metric `dynamic_sampling/still_flat_groups`, and a warning the first time).
+        dynamic_sampling_keep_step_signal (`bool`, *optional*, defaults to `True`):
+            With `dynamic_sampling`, keep a group whose returns are all equal but whose step groups still give some
+            row a non-zero A_S (e.g. the same return reached in fewer turns): GiGPO's step-level signal. `False`
+            applies DAPO's rule (drop on equal returns alone). Irrelevant when `step_advantage_weight=0`.
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
@@ -144,6 +149,11 @@ class GiGPOConfig(GRPOConfig):
     )
     max_dynamic_sampling_rounds: int = field(
         default=2, metadata={"help": "Bound on the extra rollout rounds of dynamic_sampling."}
+    )
+    dynamic_sampling_keep_step_signal: bool = field(
+        default=True,
+        metadata={"help": "With dynamic_sampling, keep a group of equal returns whose step groups still carry a "
+                          "non-zero A_S (GiGPO's step signal); False: DAPO's rule, drop on equal returns alone."},
     )
     eval_temperature: float = field(
         default=0.0, metadata={"help": "Sampling temperature of evaluate() episodes; 0.0 is greedy."}

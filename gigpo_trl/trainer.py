@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import math
 import os
 import time
@@ -32,6 +33,8 @@ from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
+
+logger = logging.getLogger(__name__)
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
@@ -309,18 +312,15 @@ class GiGPOTrainer(GRPOTrainer):
     def _resample_flat_groups(self, inputs: list[dict], group_ids: list[str], batch):
         """Dynamic sampling (DAPO, arXiv 2503.14476, Sec. 3.2): a task group whose trajectory returns are all equal
         carries no episode-level signal; roll out a fresh task in its place, up to ``max_dynamic_sampling_rounds``
-        extra rounds. Every rank takes the same decisions (gathered returns, replacement tasks chosen by a hash of
-        the group id, round and step), so all ranks make the same collect calls. Groups still flat after the last
-        round are kept."""
-        multi = self.accelerator.num_processes > 1
+        extra rounds. Unlike DAPO's rule, a group whose step groups still carry a non-zero A_S is kept by default
+        (``dynamic_sampling_keep_step_signal``; see :meth:`_flat_groups`). Every rank takes the same decisions
+        (gathered returns, replacement tasks chosen by a hash of the group id, round and step), so all ranks make
+        the same collect calls. Groups still flat after the last round are kept, counted in
+        ``dynamic_sampling/still_flat_groups`` and warned about once."""
         dataset = self.train_dataset
         replaced = 0
+        flat = self._flat_groups(batch)
         for round_ in range(1, self.args.max_dynamic_sampling_rounds + 1):
-            local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
-            returns: dict[str, set] = {}
-            for group, value in (gather_object(local) if multi else local):
-                returns.setdefault(group, set()).add(round(value, 9))
-            flat = {g for g, values in returns.items() if len(values) == 1}
             if not flat:
                 break
             replaced += len(flat)
@@ -337,8 +337,44 @@ class GiGPOTrainer(GRPOTrainer):
                 batch.trajectories[i] = fresh.trajectories[n]
             batch.num_generate_calls += fresh.num_generate_calls
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, fresh.max_prompt_tokens)
+            flat = self._flat_groups(batch)
         self._metrics["train"]["dynamic_sampling/replaced_groups"].append(float(replaced))
+        self._metrics["train"]["dynamic_sampling/still_flat_groups"].append(float(len(flat)))
+        if flat and not getattr(self, "_warned_still_flat", False):
+            self._warned_still_flat = True
+            logger.warning(
+                "dynamic sampling: %d task group(s) still have all-equal returns after max_dynamic_sampling_rounds=%d "
+                "extra rounds and are kept (no episode-level signal); the tasks may be too easy or too hard for the "
+                "policy. Raise max_dynamic_sampling_rounds or change the task mix (this warning is shown once; see "
+                "the metric dynamic_sampling/still_flat_groups).", len(flat), self.args.max_dynamic_sampling_rounds,
+            )
         return batch
+
+    def _flat_groups(self, batch) -> set:
+        """Task groups (all ranks) whose healthy trajectories' returns are all equal; unless
+        ``dynamic_sampling_keep_step_signal`` is off (DAPO's rule) or ω = 0, minus those whose step groups give
+        some row a non-zero A_S (e.g. equal returns reached in different numbers of turns)."""
+        multi = self.accelerator.num_processes > 1
+        local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
+        returns: dict[str, set] = {}
+        for group, value in (gather_object(local) if multi else local):
+            returns.setdefault(group, set()).add(round(value, 9))
+        flat = {g for g, values in returns.items() if len(values) == 1}
+        if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
+            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in batch.rows
+                    if r.group_id in flat]
+            keys = gather_object(keys) if multi else keys
+            if keys:
+                groups, trajs, anchors, rewards, valid = zip(*keys)
+                A_S = compute_gigpo_advantages(
+                    rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups),
+                    trajectory_ids=list(trajs), anchor_states=list(anchors),
+                    action_valid=np.asarray(valid, dtype=bool), gamma=self.args.gamma,
+                    mode=self.args.advantage_mode, invalid_action_penalty=self.args.invalid_action_penalty,
+                    episode_stats=self.args.episode_stats, similarity_threshold=self.args.anchor_similarity_threshold,
+                ).step_advantages
+                flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
+        return flat
 
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of

@@ -259,3 +259,56 @@ def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
     with pytest.raises(ValueError, match=r"eval_dataset has no 'task' column \(columns: \['goal'\]\)"):
         trainer.evaluate(datasets.Dataset.from_dict({"goal": [1]}).to_iterable_dataset())
     trainer.collector.close()
+
+
+@pytest.mark.parametrize("keep_step_signal", [True, False])
+def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                            keep_step_signal, caplog):
+    import datasets
+
+    # Group "3": corridor 3 from 0. In the first call envs 1 and 3 go left (stay at 0), the others right; then all go
+    # right: envs 0, 2 win at turn 2 and envs 1, 3 at turn 3. Returns all 1 (flat for DAPO), but the step group of
+    # position 0 holds G = 0.95 (env 0, 2 at turn 0) and 0.9025, 0.95 (env 1, 3 at turns 0 and 1): A_S != 0.
+    # Group "60" never reaches its goal in 4 turns: returns all 0 and identical trajectories, no signal at all. Its
+    # replacements (length-3 corridors, always right) are identical wins: flat again, after both extra rounds.
+    train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
+    args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
+                     dynamic_sampling_keep_step_signal=keep_step_signal)
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=train,
+                           processing_class=tiny_tokenizer)
+    right, left = (tiny_tokenizer.encode(f"<think>x</think><action>{a}</action>") for a in ("right", "left"))
+    calls = []
+
+    def policy(ids):
+        calls.append(len(ids))
+        return [left if len(calls) == 1 and pos in (1, 3) else right for pos in range(len(ids))], None
+
+    trainer.collector.generate_fn = policy
+    collect, batches = trainer.collector.collect, []  # (trajectories, (return, turns) as collected)
+
+    def recording(*a, **k):
+        batch = collect(*a, **k)
+        batches.append((batch.trajectories, [(t.episode_return, t.num_turns) for t in batch.trajectories]))
+        return batch
+
+    trainer.collector.collect = recording
+    trainer.model.train()
+    inputs = [{"task": 3, "seed": 0}] * 4 + [{"task": 60, "seed": 0}] * 4
+    with caplog.at_level("WARNING", logger="gigpo_trl.trainer"):
+        out = trainer._generate_and_score_completions(inputs)
+        trainer._generate_and_score_completions(inputs)
+    assert batches[0][1][:4] == [(1.0, 2), (1.0, 3), (1.0, 2), (1.0, 3)]
+    logged = trainer._metrics["train"]
+    if keep_step_signal:
+        assert [len(b[0]) for b in batches[:3]] == [8, 4, 4]  # group "60" replaced twice, group "3" kept
+        assert logged["dynamic_sampling/replaced_groups"][0] == 2.0
+        assert logged["dynamic_sampling/still_flat_groups"][0] == 1.0
+        n = 2 + 3 + 2 + 3
+        assert out["advantages"][:n].abs().sum() > 0  # the kept group's step signal reaches the loss
+    else:  # DAPO's rule: both groups replaced in each round, both still flat at the end
+        assert [len(b[0]) for b in batches[:3]] == [8, 8, 8]
+        assert logged["dynamic_sampling/replaced_groups"][0] == 4.0
+        assert logged["dynamic_sampling/still_flat_groups"][0] == 2.0
+    warnings = [r for r in caplog.records if "still have all-equal returns" in r.getMessage()]
+    assert len(warnings) == 1, "warned once, not on every iteration"
+    trainer.collector.close()
