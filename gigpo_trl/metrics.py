@@ -63,7 +63,9 @@ def anchor_metrics(anchor_group_ids: np.ndarray, prefix: str = "anchor") -> dict
     return out
 
 
-def completion_metrics(lengths: Sequence[int], clipped: Sequence[bool], prefix: str = "completions") -> dict[str, float]:
+def completion_metrics(
+    lengths: Sequence[int], clipped: Sequence[bool], prefix: str = "completions"
+) -> dict[str, float]:
     """TRL's completion-length metrics (names and definitions of ``GRPOTrainer``), one completion per row.
 
     ``lengths``: (R,) completion lengths in tokens; ``clipped``: (R,) whether the completion was cut at

@@ -22,8 +22,8 @@ engine's feedback, reward ``10`` when the goal is reached (else ``0``), ``done``
 ``max_turns`` (50) steps. ``info["admissible_actions"]`` is the engine's sorted command list without ``help``.
 An action outside that list leaves the state unchanged, answers ``"Nothing happens."`` and sets
 ``info["action_valid"] = False``; the anchor state of the next turn is then the last informative observation
-(see :meth:`ALFWorldEnv.anchor_state`), not the reply shared by every state. Games are deterministic: ``seed`` does not change them (the same task
-and seed always give the same first observation).
+(see :meth:`ALFWorldEnv.anchor_state`), not the reply shared by every state. Games are deterministic: ``seed``
+does not change them (the same task and seed always give the same first observation).
 
 Needs the optional ``alfworld`` package (``pip install 'gigpo_trl[alfworld]'``), imported on first use.
 """
