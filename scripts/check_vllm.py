@@ -218,7 +218,7 @@ def sync_checks(report: Report, probe: Probe, train_steps: int) -> None:
                      f"no read-back at steps 0 and 1 (have {sorted(by_step)})")
 
 
-def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.02) -> None:
+def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.1) -> None:
     """Move every trainable weight by hand (seeded noise), sync once, and check that vLLM's log-prob of the fixed
     completion moved as the trainer's did: the sync path carries whatever the weights are, even when the job's
     steps left them unchanged."""
@@ -234,7 +234,9 @@ def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.02) -> N
     trainer.vllm_generation.sync_weights()
     v1 = probe.vllm_logp()
     t2 = probe.trainer_logp()  # the sync merges LoRA adapters into a copy for vLLM and must unmerge them again
-    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.25 * abs(t1 - t0) and t2 == t1
+    # vLLM computes in bf16, the trainer in fp32: their log-probs of the same 24 tokens differ by a few 0.01 nats
+    # at any weights (0.02 at the start), so the two changes agree up to that, plus 15% for bf16 rounding of dW.
+    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.15 * abs(t1 - t0) + 0.1 and t2 == t1
     report.check("vLLM follows the trainer's weights (trainable weights nudged by hand, one sync)", ok,
                  f"trainer {t0:.4f} -> {t1:.4f} (change {t1 - t0:+.4f}), vLLM {v0:.4f} -> {v1:.4f} "
                  f"(change {v1 - v0:+.4f}); trainer after the sync {t2:.4f}; noise scale {scale} on the "
