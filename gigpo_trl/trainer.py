@@ -430,13 +430,14 @@ class GiGPOTrainer(GRPOTrainer):
         before = {key: len(values) for key, values in self._metrics[mode].items()}
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         done = None
-        for sub, scale in subs[:-1]:
-            with self._gradient_sync_deferred(model):
-                loss = super().compute_loss(model, sub) * scale
-                self.accelerator.backward(loss, **kwargs)
-            done = loss.detach() if done is None else done + loss.detach()
-        sub, scale = subs[-1]
-        loss = super().compute_loss(model, sub) * scale
+        with self._ragged_gather():
+            for sub, scale in subs[:-1]:
+                with self._gradient_sync_deferred(model):
+                    loss = super().compute_loss(model, sub) * scale
+                    self.accelerator.backward(loss, **kwargs)
+                done = loss.detach() if done is None else done + loss.detach()
+            sub, scale = subs[-1]
+            loss = super().compute_loss(model, sub) * scale
         self._merge_sub_batch_metrics(mode, before, weights)
         return loss if done is None else loss + done  # `done` only carries the value: its gradient is applied
 
@@ -464,15 +465,21 @@ class GiGPOTrainer(GRPOTrainer):
 
     def _split_for_budget(self, inputs: dict, budget: int) -> tuple[list[tuple[dict, float]], list[float]]:
         """``([(sub-batch, loss weight)], global loss tokens per sub-batch index)``; the list has the same length
-        on every rank (the ranks' maximum; empty sub-batches of weight 0 fill the rest)."""
+        on every rank (the ranks' maximum; empty sub-batches of weight 0 fill the rest). Filler rows, which carry no
+        loss tokens, are left out."""
         p_len, c_len = row_lengths(inputs["prompt_mask"], inputs["completion_mask"])
         multiple = self.pad_to_multiple_of
+        real = inputs.get("real_row_mask")
+        keep = list(range(len(p_len))) if real is None else torch.nonzero(real).flatten().tolist()  # no filler
         subs = []
-        for rows in pack_rows(p_len, c_len, budget, multiple):
+        for packed in pack_rows([p_len[i] for i in keep], [c_len[i] for i in keep], budget, multiple):
+            rows = [keep[j] for j in packed]
             sub = take_rows(inputs, rows, *sub_batch_widths(p_len, c_len, rows, multiple))
             subs.append((sub, self._sub_batch_scale(sub, inputs)))
         tokens = [float(sub["completion_mask"].sum()) for sub, _ in subs]
         n_max, weights = self._agree_on_sub_batches(len(subs), tokens)
+        if n_max == 0:  # only filler rows on every rank: still one (empty) forward/backward
+            n_max, weights = 1, [0.0]
         while len(subs) < n_max:
             subs.append((self._empty_sub_batch(inputs), 0.0))
         return subs, weights
@@ -514,6 +521,32 @@ class GiGPOTrainer(GRPOTrainer):
                 yield
         finally:
             state._set_sync_gradients(True)
+
+    @contextlib.contextmanager
+    def _ragged_gather(self):
+        """Let ``accelerator.gather`` take per-row tensors of different lengths on different ranks.
+
+        TRL private behaviour (one place): ``_compute_loss`` gathers one value per row for its clip-ratio min/max
+        metrics, which assumes every rank's forward holds the same rows; sub-batches do not. Inside this block,
+        floating-point tensors are NaN-padded to the longest rank first (``pad_across_processes``); TRL reduces
+        them with ``nanmin``/``nanmax``, so the padding is invisible.
+        """
+        accelerator = self.accelerator
+        if accelerator.num_processes == 1 or "gather" in vars(accelerator):
+            yield
+            return
+        plain = accelerator.gather
+
+        def gather(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
+                tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=math.nan)
+            return plain(tensor)
+
+        accelerator.gather = gather
+        try:
+            yield
+        finally:
+            del accelerator.gather
 
     def _merge_sub_batch_metrics(self, mode: str, before: dict[str, int], weights: list[float]) -> None:
         """TRL private (``self._metrics``): ``_compute_loss`` appends one value per call; fold the sub-batches'
@@ -681,7 +714,7 @@ class GiGPOTrainer(GRPOTrainer):
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
         local_trajectories = []
-        with self._eval_sampling():
+        with self._eval_sampling(), self._generation_params_gathered():
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
