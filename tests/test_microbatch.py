@@ -250,3 +250,19 @@ def test_one_sgd_step_same_update_with_budget(tmp_path, tiny_model_dir, tiny_tok
         assert log_split["entropy"] == pytest.approx(log_full["entropy"], rel=1e-4)
         assert log_split["loss"] == pytest.approx(log_full["loss"], rel=1e-4, abs=1e-7)
         np.testing.assert_allclose(log_split["clip_ratio/region_mean"], log_full["clip_ratio/region_mean"])
+
+
+def test_unknown_loss_type_and_moe_router_loss_are_rejected_with_budget(tmp_path, tiny_tokenizer):
+    with pytest.raises(ValueError, match=r"loss_type='xyz' cannot be split .* use one of \['dapo', 'cispo'"):
+        GiGPOConfig(output_dir="x", loss_type="xyz", use_cpu=True, bf16=False)
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=2, num_experts_per_tok=1, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, router_aux_loss_coef=0.001,
+        pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
+    )
+    with pytest.raises(ValueError, match=r"MoE load-balancing loss \(router_aux_loss_coef=0.001\)"):
+        GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyCorridorEnv, args=make_args(tmp_path),
+                     processing_class=tiny_tokenizer)
