@@ -3,11 +3,13 @@
 FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_generations=2 and one task group per
 rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
 
-    distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare]
+    distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare] [--per-turn-gathers] [--long-obs]
 
-`--budget N` sets max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank then prints its
-training forwards and their largest padded size. `--compare` also trains a second trainer from the same weights and
-seed with the budget off and prints the largest relative difference of the final weights (this rank's shard).
+The env's rewards depend on the completion text (VariedRewardEnv), so the update is not zero. `--budget N` sets
+max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank prints its training forwards and
+their padded sizes. `--compare` also trains a second trainer from the same weights and seed with the budget off and
+prints the relative difference of the two weight updates. `--long-obs`: LongObsAtTurn3Env with
+max_prompt_length=600 (rank 1's task-4 episodes fail at turn 3).
 Under ZeRO-3 each rank prints the full parameter gathers made in each training iteration, then in each evaluation
 collect (`--per-turn-gathers`: with TRL's behaviour of one gather per generate call, for comparison). `--compare`
 needs a second Accelerator with a DeepSpeed plugin in one process, which accelerate refuses: DDP only.
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from conftest import CORPUS  # noqa: E402
-from toy_env import FixedLengthEnv  # noqa: E402
+from toy_env import FixedLengthEnv, LongObsAtTurn3Env  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -40,7 +42,7 @@ class VariedRewardEnv(FixedLengthEnv):
         return obs, reward + (len(action) % 3) / 2, done, info
 
 
-def build(output_dir, extra, budget):
+def build(output_dir, extra, budget, env=VariedRewardEnv):
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     model = build_tiny_model(tokenizer)
     args = GiGPOConfig(
@@ -49,7 +51,7 @@ def build(output_dir, extra, budget):
         learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, shuffle_dataset=False,
         seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget, **extra,
     )
-    return GiGPOTrainer(model, env=VariedRewardEnv, args=args, processing_class=tokenizer), tokenizer
+    return GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer), tokenizer
 
 
 def full_weights(trainer):
@@ -64,8 +66,10 @@ def full_weights(trainer):
 
 
 def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
-         per_turn_gathers: bool = False):
+         per_turn_gathers: bool = False, long_obs: bool = False):
     extra = {}
+    if long_obs:  # rank 1's task-4 episodes get a prompt over max_prompt_length at turn 3 (step 2)
+        extra["max_prompt_length"] = 600
     if deepspeed is not None:
         # DeepSpeed on CPU: accelerate finds no backend for a non-CUDA DeepSpeed run; set up gloo first and let
         # the Trainer use that state.
@@ -83,7 +87,8 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
                 return super().__enter__()
 
         ds.zero.GatheredParameters = CountingGather
-    trainer, tokenizer = build(output_dir, extra, budget)
+    env = LongObsAtTurn3Env if long_obs else VariedRewardEnv
+    trainer, tokenizer = build(output_dir, extra, budget, env)
     if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
         import contextlib
 
@@ -95,6 +100,9 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
         batch = collect(*a, **k)
         rows.append(len(batch.rows))
         calls.append(batch.num_generate_calls)
+        for t in batch.trajectories:
+            if t.failed:
+                print(f"FAILED rank={trainer.accelerator.process_index} {t.trajectory_id}: {t.error[:80]}", flush=True)
         return batch
 
     def counting_gathers(fn):
@@ -130,7 +138,7 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
     print(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}",
           flush=True)
     if compare:  # the same two steps with the budget off, from the same weights and seed
-        reference, _ = build(output_dir + "-ref", extra, None)
+        reference, _ = build(output_dir + "-ref", extra, None, env)
         reference.train()
         expected = full_weights(reference) - initial
         diff = float((update - expected).norm() / expected.norm())
@@ -156,5 +164,6 @@ if __name__ == "__main__":
     parser.add_argument("--budget", type=int, default=None)
     parser.add_argument("--compare", action="store_true")
     parser.add_argument("--per-turn-gathers", action="store_true")
+    parser.add_argument("--long-obs", action="store_true")
     cli = parser.parse_args()
-    main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers)
+    main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs)
