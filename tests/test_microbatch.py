@@ -140,7 +140,7 @@ def _grad(trainer, batch, budget, loss_type):
         trainer.importance_sampling_level = "token"
     grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
     trainer.model.zero_grad()
-    return grad, float(loss), forwards
+    return grad, float(loss.detach()), forwards
 
 
 def _rel(a, b):
