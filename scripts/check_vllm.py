@@ -233,10 +233,10 @@ def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.1) -> No
     t1 = probe.trainer_logp()
     trainer.vllm_generation.sync_weights()
     v1 = probe.vllm_logp()
-    t2 = probe.trainer_logp()  # the sync merges LoRA adapters into a copy for vLLM and must unmerge them again
+    t2 = probe.trainer_logp()  # the sync merges LoRA adapters for vLLM and unmerges them (fp32 round trip)
     # vLLM computes in bf16, the trainer in fp32: their log-probs of the same 24 tokens differ by a few 0.01 nats
     # at any weights (0.02 at the start), so the two changes agree up to that, plus 15% for bf16 rounding of dW.
-    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.15 * abs(t1 - t0) + 0.1 and t2 == t1
+    ok = v1 != v0 and abs((v1 - v0) - (t1 - t0)) <= 0.15 * abs(t1 - t0) + 0.1 and abs(t2 - t1) < 1e-3
     report.check("vLLM follows the trainer's weights (trainable weights nudged by hand, one sync)", ok,
                  f"trainer {t0:.4f} -> {t1:.4f} (change {t1 - t0:+.4f}), vLLM {v0:.4f} -> {v1:.4f} "
                  f"(change {v1 - v0:+.4f}); trainer after the sync {t2:.4f}; noise scale {scale} on the "
@@ -290,8 +290,9 @@ def run_colocate(argv: list[str]) -> int:
               f"{e.get('sampling/sampling_logp_difference/mean', math.nan):.4f}", flush=True)
     rollout_checks(report, probe)
     sync_checks(report, probe, args.max_steps)
-    nudge_check(report, trainer, probe)
+    # greedy evaluations first: after the nudge the logits are near-flat and bf16 argmax ties can flip
     eval_check(report, trainer, probe, "eval_greedy")
+    nudge_check(report, trainer, probe)
     report.check("job exit code 0", code == 0, str(code))
     trainer.end_training()
     return 1 if report.failed else 0
