@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 logger = logging.getLogger("gigpo_trl.job")
 
 
@@ -70,11 +72,11 @@ EXAMPLE_DEFAULTS = {"webshop": _LONG_OBS, "alfworld": _LONG_OBS, "sokoban": _SMA
 class _JobParser:
     """Mixin for TRL's ``TrlParser``: argparse mistakes as one ``[gigpo] error`` line, and ``--config`` checked."""
 
+    fixed_env: str | None = None  # set by build_parser when the example fixes the environment
+
     def error(self, message):  # argparse's own: usage + message, exit 2
         print(f"[gigpo] error: {message} (see --help)", file=sys.stderr, flush=True)
         sys.exit(2)
-
-    fixed_env: str | None = None  # set by build_parser when the example fixes the environment
 
     def parse_args_and_config(self, args=None, **kwargs):
         args = list(sys.argv[1:] if args is None else args)
@@ -126,9 +128,11 @@ def build_parser(job_defaults: dict | None = None, training_defaults: dict | Non
 
     from .config import GiGPOConfig
 
-    parser = type("GiGPOJobParser", (_JobParser, TrlParser), {})(
-        (JobArguments, GiGPOConfig, ModelConfig), usage="%(prog)s [--config FILE.yaml] [--flag value ...]"
-    )
+    class GiGPOJobParser(_JobParser, TrlParser):
+        pass
+
+    parser = GiGPOJobParser((JobArguments, GiGPOConfig, ModelConfig),
+                            usage="%(prog)s [--config FILE.yaml] [--flag value ...]")
     defaults = {"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ["q_proj", "v_proj"],
                 "report_to": "none", "logging_steps": 1, "save_strategy": "no"}
     if not torch.cuda.is_available():
@@ -262,16 +266,11 @@ def push_adapter(folder: str, repo_id: str, token: str | None) -> None:
     api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message="GiGPO adapter and model card")
 
 
-class _IterationPrinter:
-    """Prints one ``[gigpo] iteration`` line as each training iteration is logged (a ``TrainerCallback``)."""
+class _IterationPrinter(TrainerCallback):
+    """Prints one ``[gigpo] iteration`` line as each training iteration is logged (main process only)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
-
-    def __getattr__(self, name):  # every other TrainerCallback event: nothing to do
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.enabled and logs and "episode/success_rate" in logs:
