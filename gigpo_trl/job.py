@@ -56,8 +56,9 @@ class JobArguments:
 
 CPU_DEFAULTS = {"bf16": False, "gradient_checkpointing": False, "use_cpu": True}
 
-# Example defaults: sized to finish on a 2-core CPU in about 10 minutes (a few iterations, small groups, short
-# episodes). They show the path end to end; configs/*_gpu.yaml hold the paper-scale settings.
+# Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
+# gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the
+# paper-scale settings.
 _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_length": 2,
           "max_completion_length": 48, "learning_rate": 1e-4, "beta": 0.0, "num_generations": 4,
           "per_device_train_batch_size": 8, "eval_max_tasks": 8}
