@@ -14,10 +14,19 @@ LLM Agent Training* (Feng et al., arXiv 2505.10978), Sec. 3:
 * Sec. 3.3, combined advantage ``A = A_E + omega * A_S`` (``omega = 0`` is
   GRPO's advantage).
 
+Optionally (``step_grouping="hierarchical"``) the step level follows
+*Hierarchy-of-Groups Policy Optimization for Long-Horizon Agentic Tasks*
+(HGPO, He, Feng et al., arXiv 2602.22817): each row belongs to nested step
+groups ``G_0 ⊇ G_1 ⊇ … ⊇ G_K`` of rows that also share the last ``k`` turns
+of history, and ``A_S`` is the adaptively weighted mean of the per-level
+relative advantages (see :func:`compute_gigpo_advantages`).
+
 The numerical conventions follow the reference implementation that produced
 the paper's tables (invalid-action penalty, per-row episode statistics,
-``mean 0 / std 1`` for a singleton episode group, ``A_S = 0`` for a singleton
-step group, ``1e-6`` added to the standard deviation).
+``A_S = 0`` for a singleton step group, ``1e-6`` added to the standard
+deviation), except for a task group left with one trajectory: ``A_E = A_S =
+0`` there, where the reference would pass the raw return through (see
+:func:`compute_gigpo_advantages`, Notes).
 
 This module depends on numpy, torch and rapidfuzz only (no Trainer) and is
 vectorised: group statistics are segment reductions (``np.bincount``), the
@@ -46,6 +55,7 @@ STD_EPS = 1e-6
 
 _MODES = ("mean_norm", "mean_std_norm")
 _EPISODE_STATS = ("rows", "trajectories")
+_STEP_GROUPINGS = ("state", "hierarchical")
 #: Anchor element types used as dictionary keys without conversion.
 _PLAIN_TYPES = frozenset({str, int, float, bool, bytes, complex, type(None)})
 #: Buckets of the hashed character-bigram profiles used to prune fuzzy pairs.
@@ -75,6 +85,11 @@ class AdvantageResult:
     episode_returns : ``R_tau``, undiscounted, unpenalised return of the row's
         trajectory.
     anchor_group_sizes : number of rows in the row's step group (>= 1).
+    level_group_ids : ``(R, K + 1)`` int, column ``k`` the row's HGPO group
+        ``G_k`` (column 0 equals ``anchor_group_ids``); ``K = 0`` for
+        ``step_grouping="state"``. Labels as for ``anchor_group_ids``.
+    level_group_sizes : ``(R, K + 1)`` int, number of rows in each ``G_k``
+        (non-increasing along a row: the groups are nested).
     """
 
     episode_advantages: Any
@@ -84,6 +99,8 @@ class AdvantageResult:
     anchor_group_ids: Any
     episode_returns: Any
     anchor_group_sizes: Any
+    level_group_ids: Any = None
+    level_group_sizes: Any = None
 
 
 # --------------------------------------------------------------------------
@@ -213,13 +230,31 @@ class _Tag:
 
 
 _NDARRAY, _LIST, _DICT, _SET = _Tag("ndarray"), _Tag("list"), _Tag("dict"), _Tag("set")
+_NAN = _Tag("nan")  # every NaN is one anchor value: identity, payload and sign must not matter (pickling)
+
+
+def _float_key(v: float) -> Any:
+    """NaN -> one key; ``-0.0`` -> ``0.0`` (equal as numbers, so one key in every container)."""
+    return _NAN if v != v else v + 0.0
+
+
+def _canonical_floats(x: np.ndarray) -> np.ndarray:
+    """A float/complex array with one NaN bit pattern and ``-0.0`` as ``0.0``, so equal values give equal bytes."""
+    if x.dtype.kind == "c":
+        out = np.empty_like(x)
+        out.real, out.imag = _canonical_floats(x.real), _canonical_floats(x.imag)
+        return out
+    return np.where(np.isnan(x), np.array(np.nan, dtype=x.dtype), x + x.dtype.type(0))
 
 
 def _anchor_key(x: Any) -> Any:
     """Stable hashable key of one raw observation (exact anchor matching).
 
     * ``str``/``bytes``/numbers/``None``/other hashable objects: the object
-      itself (Python equality; note ``1 == 1.0``).
+      itself (Python equality; note ``1 == 1.0``), except that floats are
+      compared by value: every NaN equals every NaN (not only itself, an
+      identity that pickling to and from env workers breaks) and ``-0.0``
+      equals ``0.0``, alone and inside any container or array.
     * ``numpy.ndarray`` / ``torch.Tensor``: ``(shape, dtype, raw bytes)``, so
       equal arrays match and arrays of different shape or dtype never do.
     * ``tuple``: tuple of keys; ``list``: likewise, tagged (a list never equals
@@ -229,6 +264,12 @@ def _anchor_key(x: Any) -> Any:
     Raises ``TypeError`` for anything else that is unhashable.
     """
     tx = type(x)
+    if tx is float:
+        return _float_key(x)
+    if isinstance(x, np.floating):
+        return _float_key(float(x) if x.itemsize <= 8 else x)
+    if tx is complex or isinstance(x, np.complexfloating):
+        return (_NAN, _float_key(x.real), _float_key(x.imag)) if x != x else x
     if tx in _PLAIN_TYPES:
         return x
     if isinstance(x, torch.Tensor):
@@ -236,6 +277,8 @@ def _anchor_key(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         if x.dtype == object:
             return (_NDARRAY, x.shape, "O", tuple(map(_anchor_key, x.ravel().tolist())))
+        if x.dtype.kind in "fc":
+            x = _canonical_floats(x)
         return (_NDARRAY, x.shape, x.dtype.str, np.ascontiguousarray(x).tobytes())
     if isinstance(x, tuple):
         return tuple(map(_anchor_key, x))
@@ -258,13 +301,15 @@ def _exact_anchor_codes(anchor_states: Any) -> tuple[np.ndarray, int]:
     if isinstance(anchors, np.ndarray) and anchors.dtype != object:
         if anchors.ndim == 1:  # numbers or fixed-width strings
             return _factorize(anchors, "anchor_states")
-        # (R, ...) numeric array: each row is an ndarray anchor, keyed by its bytes.
+        # (R, ...) numeric array: each row is an ndarray anchor, keyed by its (canonical) bytes.
+        if anchors.dtype.kind in "fc":
+            anchors = _canonical_floats(anchors)
         rows = np.ascontiguousarray(anchors.reshape(len(anchors), -1))
         void = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
         uniq, inverse = np.unique(void, return_inverse=True)
         return inverse.astype(np.int64, copy=False), len(uniq)
     seq = anchors.tolist() if isinstance(anchors, np.ndarray) and anchors.ndim == 1 else list(anchors)
-    if not set(map(type, seq)) <= _PLAIN_TYPES:
+    if not set(map(type, seq)) <= _PLAIN_TYPES - {float, complex}:  # floats too: NaN and -0.0 need a key
         try:
             seq = list(map(_anchor_key, seq))
         except TypeError as err:
@@ -377,6 +422,81 @@ def _similar_anchor_codes(anchor_states: Any, group_codes: np.ndarray, threshold
     return roots[pair_of_row]
 
 
+def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
+    """``(R, depth)`` codes of the rows' history keys, column ``j - 1`` the ``j``-th most recent one.
+
+    ``history_keys[i]`` is a sequence (tuple, list, 1-D array or tensor) of
+    hashable per-turn keys of row ``i``'s own trajectory, oldest first; only
+    its last ``depth`` entries are read. A row with fewer entries (the first
+    turns of an episode) gets ``-1`` ("before the episode start") in the
+    remaining columns. Keys are matched exactly (see :func:`_anchor_key`).
+    """
+    seqs = _to_numpy(history_keys)
+    if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:  # (R, D): D keys per row
+        tail = seqs[:, max(0, seqs.shape[1] - depth):][:, ::-1]  # most recent first
+        E = np.full((len(seqs), depth), -1, dtype=np.int64)
+        if tail.size:
+            codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
+            E[:, : tail.shape[1]] = codes.reshape(tail.shape)
+        return E
+    rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
+    if set(map(type, rows)) <= {tuple, list}:  # the usual case
+        tails = rows
+    else:
+        tails = []
+        for i, h in enumerate(rows):
+            if isinstance(h, (str, bytes)) or not hasattr(h, "__len__"):
+                raise TypeError(f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), "
+                                f"got {type(h).__name__}")
+            tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h))
+    lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+    if len(tails) and int(lengths.max()) > depth:  # keep the last `depth` keys (the trainer records no more)
+        tails = [h[-depth:] for h in tails]
+        np.minimum(lengths, depth, out=lengths)
+    total = int(lengths.sum())
+    types = set(map(type, itertools.chain.from_iterable(tails)))
+    codes = None
+    if types <= {int}:  # e.g. the trainer's 64-bit hashes: one C pass and a sort, no dictionary
+        try:
+            flat = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=total)
+            codes = np.unique(flat, return_inverse=True)[1].reshape(-1)
+        except OverflowError:  # ints beyond int64: the general path below
+            pass
+    if codes is None:
+        flat = list(itertools.chain.from_iterable(tails))
+        if not types <= _PLAIN_TYPES:
+            try:
+                flat = list(map(_anchor_key, flat))
+            except TypeError as err:
+                raise TypeError(f"history_keys: {err}") from None
+        codes, _ = _factorize_hashables(flat, "history_keys")
+    # the j-th most recent key of row i sits at flat position end_i - j
+    ends = np.cumsum(lengths)
+    E = np.full((len(tails), depth), -1, dtype=np.int64)
+    for j in range(1, depth + 1):
+        has = lengths >= j
+        E[has, j - 1] = codes[ends[has] - j]
+    return E
+
+
+def _context_level_codes(step_codes: np.ndarray, n_steps: int, history_keys: Any, depth: int) -> list:
+    """Codes of the HGPO groups ``G_0 ⊇ G_1 ⊇ … ⊇ G_depth`` (arXiv 2602.22817, context operator ``C_k``).
+
+    ``G_0`` is the step group; ``G_k`` refines ``G_{k-1}`` by the ``k``-th most
+    recent history key, so ``c_k = code(c_{k-1}, e_k)``: one pairing per level,
+    nested by construction. Returns ``[(codes_k, n_k)]`` for ``k = 0..depth``.
+    """
+    levels = [(step_codes, n_steps)]
+    if depth == 0:
+        return levels
+    E = _history_element_codes(history_keys, depth) + 1  # 0: before the episode start
+    n_keys = int(E.max()) + 1
+    for k in range(1, depth + 1):
+        codes, n = levels[-1]
+        levels.append(_dense_codes(codes * n_keys + E[:, k - 1]))
+    return levels
+
+
 # --------------------------------------------------------------------------
 # step 2: discounted returns
 # --------------------------------------------------------------------------
@@ -459,7 +579,8 @@ def _normalise(x, seg, ref, mean_shift, std, mode):
 
 
 def _episode_advantages(episode_scores, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats):
-    """A_E (Sec. 3.1). A singleton population uses mean 0, std 1."""
+    """A_E (Sec. 3.1). A singleton population uses mean 0, std 1 (the reference's convention; its rows are then
+    zeroed by the lone-trajectory rule in :func:`compute_gigpo_advantages`)."""
     if episode_stats == "rows":
         values, seg = episode_scores, group_codes
     else:
@@ -472,12 +593,46 @@ def _episode_advantages(episode_scores, R_tau, group_codes, traj_codes, n_groups
     return _normalise(episode_scores, group_codes, ref, mean_shift, std, mode)
 
 
+def _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj) -> np.ndarray:
+    """``(R,)`` bool: rows of task groups that hold a single trajectory (e.g. the other members failed)."""
+    traj_group = np.zeros(n_traj, dtype=np.int64)
+    traj_group[traj_codes] = group_codes
+    return (np.bincount(traj_group, minlength=n_groups) == 1)[group_codes]
+
+
 def _step_advantages(step_scores, step_codes, n_steps, mode):
     """A_S (Sec. 3.2). A singleton step group gets 0."""
     ref, mean_shift, std, count = _group_moments(step_scores, step_codes, n_steps)
     A_S = _normalise(step_scores, step_codes, ref, mean_shift, std, mode)
     A_S[count[step_codes] == 1] = 0.0
     return A_S, count
+
+
+def _hierarchical_step_advantages(step_scores, levels, mode, alpha):
+    """A_S over the nested groups ``G_0..G_K`` (HGPO, arXiv 2602.22817).
+
+    ``A_k`` is the step advantage of Sec. 3.2 within ``G_k`` (0 for a
+    singleton); ``A_S = sum_k w_k A_k`` with ``w_k ∝ (k + 1)^alpha`` normalised
+    over the levels whose group holds at least two rows (a row alone in
+    ``G_k`` has no baseline there, and neither at deeper levels). ``K = 0``
+    returns GiGPO's A_S unchanged. Returns ``(A_S, sizes)``, sizes ``(R, K + 1)``.
+    """
+    A_0, count = _step_advantages(step_scores, *levels[0], mode)
+    sizes = [count[levels[0][0]]]
+    if len(levels) == 1:
+        return A_0, np.stack(sizes, axis=1)
+    numerator, denominator = np.zeros(len(step_scores)), np.zeros(len(step_scores))
+    for k, (codes, n) in enumerate(levels):
+        if k:
+            A_k, count = _step_advantages(step_scores, codes, n, mode)
+            sizes.append(count[codes])
+        else:
+            A_k = A_0
+        w_k = (k + 1.0) ** alpha * (sizes[k] > 1)
+        numerator += w_k * A_k
+        denominator += w_k
+    A_S = np.divide(numerator, denominator, out=np.zeros(len(step_scores)), where=denominator > 0)
+    return A_S, np.stack(sizes, axis=1)
 
 
 # --------------------------------------------------------------------------
@@ -497,6 +652,10 @@ def compute_gigpo_advantages(
     invalid_action_penalty: float = 0.1,
     episode_stats: str = "rows",
     similarity_threshold: float | None = None,
+    step_grouping: str = "state",
+    hierarchy_depth: int = 2,
+    history_keys: Any = None,
+    hierarchy_alpha: float = 1.0,
 ) -> AdvantageResult:
     """GiGPO advantages ``A = A_E + omega * A_S`` for ``R`` rows (agent turns).
 
@@ -538,8 +697,8 @@ def compute_gigpo_advantages(
           ``R_tau`` (GRPO's per-rollout statistics). Each row's ``A_E`` is
           its own (penalised) episode score minus that mean (over std).
 
-        A population of one member uses mean 0 and std 1 (the score passes
-        through; divided by ``1 + 1e-6`` in ``mean_std_norm``).
+        A task group with a single trajectory gets ``A_E = A_S = 0`` on all
+        its rows (see Notes).
     similarity_threshold : float in (0, 1), optional
         ``None``: exact anchor matching. Otherwise anchors (which must all be
         ``str``) of one task group share a step group when connected by a
@@ -547,6 +706,21 @@ def compute_gigpo_advantages(
         (normalised Indel similarity ``1 - indel(a, b) / (len a + len b)``);
         the grouping is a transitive closure and independent of row order.
         The pairwise matching loops over task groups in Python.
+    step_grouping : {"state", "hierarchical"}
+        ``"state"`` (default): GiGPO's step groups (same task group, same
+        anchor state). ``"hierarchical"``: HGPO's nested groups, see Notes.
+    hierarchy_depth : int >= 0
+        ``K``, the deepest history level of ``"hierarchical"`` (ignored for
+        ``"state"``). ``K = 0`` is GiGPO exactly.
+    history_keys : (R,) sequences of hashable, optional
+        Required for ``"hierarchical"`` with ``K > 0``: per row, the keys of
+        the previous turns of its own trajectory, oldest first (e.g. a hash
+        of each shown (observation, action) pair); at least the last ``K``
+        of them, or all previous turns where the episode is younger. An
+        ``(R, D)`` array/tensor is read as ``D`` keys per row.
+    hierarchy_alpha : float >= 0
+        ``alpha`` of the level weights ``w_k ∝ (k + 1)^alpha`` (1.0 in the
+        paper's scripts; 0 weighs all levels equally).
 
     Returns
     -------
@@ -563,6 +737,42 @@ def compute_gigpo_advantages(
       row), minus the row's own penalty; ``A_S`` normalises it over the step
       group (rows of one task group with the same anchor state, Sec. 3.2).
       A singleton step group gets ``A_S = 0``; equal members give exactly 0.
+    * ``step_grouping="hierarchical"`` (HGPO, arXiv 2602.22817):
+      the k-step context operator ``C_k(s_t) = (h_{t-k}, …, h_{t-1}, s_t)``
+      joins the anchor state with the row's last ``k`` history keys ``h``
+      (our trainer: the (observation, action) pairs the prompt shows, which
+      is exactly the prompt's history when ``k <= history_length``). The
+      hierarchical groups ``G_k(i) = {j in task group : C_k(j) = C_k(i)}``
+      are nested, ``G_0 ⊇ G_1 ⊇ … ⊇ G_K``, ``G_0`` being GiGPO's step
+      group. Each level gives ``A_k`` (the A_S formula within ``G_k``) and
+      ``A_S = sum_k w_k A_k`` with ``w_k = (k+1)^alpha / sum_j (j+1)^alpha``
+      (the paper's adaptive weights: finer, more consistent groups weigh
+      more). The paper's own text was not available to us (only summaries
+      quoting ``C_k``, the nested groups and ``w_k``); our choices: (a) the
+      sum over ``j`` runs over the levels where the row's group has at
+      least two members (a singleton level carries no baseline; nesting
+      makes these levels ``0..k*``), a row alone already in ``G_0`` gets
+      ``A_S = 0`` as in GiGPO; (b) at the first turns of an episode
+      (``t < k``) the context is the whole shorter history, so such a row
+      shares ``G_k`` only with rows at the same turn with the same full
+      history (the same prompt); (c) ``A_E`` and ``omega`` stay as in
+      GiGPO, so ``A = A_E + omega * A_S`` (K = 0 reproduces GiGPO bit for
+      bit); (d) per-level statistics as GiGPO's (Bessel-corrected std).
+      The authors' verl-agent recipe (``recipe/hgpo/core_hgpo.py``, as read
+      in a fork) differs: its context is the observation sequence only
+      (no actions); a row with ``t < k`` has no level-``k`` group; levels
+      with ``A_k == 0`` (not only singletons) leave the weights; its level
+      weights are ``(k + 2)^alpha`` in our numbering; population std; and
+      by default no episode term (``base_group=False``).
+      Cost: one pairing of codes per level (``O(R)`` plus a sort).
+    * A task group with ONE trajectory (in training: the other members'
+      environments failed and their rows were dropped) gets ``A_E = 0`` and
+      ``A_S = 0`` on every row: a population of one carries no relative
+      signal. The reference instead uses mean 0 / std 1 for a singleton
+      population, so a lone survivor's advantage would be its raw return
+      (and, under ``episode_stats="rows"``, a value that depends on its
+      length); there this only arises with ``N = 1``, which the trainer
+      rejects (``num_generations >= 2``).
 
     Raises
     ------
@@ -571,11 +781,15 @@ def compute_gigpo_advantages(
         ``rewards``, ``gamma`` outside [0, 1], non-finite
         ``step_advantage_weight`` / ``invalid_action_penalty``, unknown
         ``mode`` or ``episode_stats``, ``similarity_threshold`` outside
-        (0, 1), non-boolean ``action_valid``.
+        (0, 1), non-boolean ``action_valid``, unknown ``step_grouping``,
+        negative ``hierarchy_depth`` or ``hierarchy_alpha``, missing
+        ``history_keys`` (or of the wrong length) for ``"hierarchical"``.
     TypeError
         Unhashable ``group_ids`` / ``trajectory_ids`` / ``anchor_states``,
         non-str ``anchor_states`` with a ``similarity_threshold``, non-numeric
-        scalar arguments or ``rewards``.
+        scalar arguments or ``rewards``, non-int ``hierarchy_depth``, a
+        ``history_keys`` entry that is not a sequence (e.g. a ``str``) or
+        holds unhashable keys.
     """
     # ---- validation -----------------------------------------------------
     if mode not in _MODES:
@@ -589,8 +803,23 @@ def compute_gigpo_advantages(
         similarity_threshold = _as_scalar(similarity_threshold, "similarity_threshold")
         if not 0.0 < similarity_threshold < 1.0:
             raise ValueError(f"similarity_threshold must be in (0, 1), got {similarity_threshold!r}")
+    if step_grouping not in _STEP_GROUPINGS:
+        raise ValueError(f"step_grouping must be one of {_STEP_GROUPINGS}, got {step_grouping!r}")
+    if isinstance(hierarchy_depth, bool) or not isinstance(hierarchy_depth, (int, np.integer)):
+        raise TypeError(f"hierarchy_depth must be an int >= 0, got {type(hierarchy_depth).__name__}")
+    if hierarchy_depth < 0:
+        raise ValueError(f"hierarchy_depth must be an int >= 0, got {hierarchy_depth!r}")
+    alpha = _as_scalar(hierarchy_alpha, "hierarchy_alpha", 0.0)
+    depth = int(hierarchy_depth) if step_grouping == "hierarchical" else 0
     r = _as_rewards(rewards)
     n = len(r)
+    if depth > 0:
+        if history_keys is None:
+            raise ValueError(
+                "history_keys is required when step_grouping='hierarchical' and hierarchy_depth > 0 (the per-turn "
+                "history keys of each row's trajectory, oldest first)"
+            )
+        _check_length(history_keys, "history_keys", n)
     _check_length(group_ids, "group_ids", n)
     _check_length(trajectory_ids, "trajectory_ids", n)
     _check_length(anchor_states, "anchor_states", n)
@@ -599,7 +828,8 @@ def compute_gigpo_advantages(
     if n == 0:
         empty = np.zeros(0)
         ids = np.zeros(0, dtype=np.int64)
-        return _package(rewards, empty, empty, empty, empty, ids, empty, ids)
+        levels = np.zeros((0, depth + 1), dtype=np.int64)
+        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels))
 
     # ---- step 1: codes ----------------------------------------------------
     group_codes, n_groups = _factorize(group_ids, "group_ids")
@@ -610,6 +840,7 @@ def compute_gigpo_advantages(
         step_codes, n_steps = _pair_codes(group_codes, anchor_codes, n_anchors)  # never across groups
     else:
         step_codes, n_steps = _dense_codes(_similar_anchor_codes(anchor_states, group_codes, similarity_threshold))
+    levels = _context_level_codes(step_codes, n_steps, history_keys, depth)  # G_0 ⊇ … ⊇ G_K (HGPO)
 
     # ---- step 2: returns and penalties -----------------------------------
     row_penalty = penalty * (~valid)
@@ -621,12 +852,15 @@ def compute_gigpo_advantages(
     A_E = _episode_advantages(
         episode_returns - row_penalty, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats
     )
-    A_S, step_sizes = _step_advantages(G, step_codes, n_steps, mode)
+    A_S, level_sizes = _hierarchical_step_advantages(G, levels, mode, alpha)
+    lone = _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj)
+    A_E[lone], A_S[lone] = 0.0, 0.0  # a population of one: nothing to compare against
     A = A_E + omega * A_S
-    return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, step_sizes[step_codes])
+    level_ids = np.stack([codes for codes, _ in levels], axis=1)
+    return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, level_sizes[:, 0], (level_ids, level_sizes))
 
 
-def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes) -> AdvantageResult:
+def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels=(None, None)) -> AdvantageResult:
     """Wrap outputs as numpy float64 or torch tensors matching ``rewards``."""
     floats = (A_E, A_S, A, G, episode_returns)
     if isinstance(rewards, torch.Tensor):
@@ -634,6 +868,8 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes) -> Adv
         dev = rewards.device
         floats = tuple(torch.from_numpy(np.ascontiguousarray(f)).to(device=dev, dtype=dtype) for f in floats)
         step_codes, sizes = (torch.from_numpy(np.asarray(v, dtype=np.int64)).to(dev) for v in (step_codes, sizes))
+        levels = tuple(None if v is None else torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(dev)
+                       for v in levels)
     else:
         step_codes, sizes = np.asarray(step_codes, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     A_E, A_S, A, G, episode_returns = floats
@@ -645,4 +881,6 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes) -> Adv
         anchor_group_ids=step_codes,
         episode_returns=episode_returns,
         anchor_group_sizes=sizes,
+        level_group_ids=levels[0],
+        level_group_sizes=levels[1],
     )

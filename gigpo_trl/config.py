@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+_SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
+
+
+@contextlib.contextmanager
+def scrubbed_tokens():
+    """Within the block, a pickled ``GiGPOConfig`` (``torch.save``) carries no ``*_token`` string."""
+    reset = _SCRUB_TOKENS.set(True)
+    try:
+        yield
+    finally:
+        _SCRUB_TOKENS.reset(reset)
+
+
 ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
+STEP_GROUPINGS = ("state", "hierarchical")
 
 
 @dataclass
@@ -37,6 +54,12 @@ class GiGPOConfig(GRPOConfig):
         anchor_similarity_threshold (`float` or `None`, *optional*, defaults to `None`):
             `None` groups rows whose anchor states are identical; a value in (0, 1) merges anchor texts at least
             that similar (see `compute_gigpo_advantages`).
+        step_grouping (`str`, *optional*, defaults to `"state"`):
+            Step groups of A_S: `"state"` (GiGPO: same anchor state) or `"hierarchical"` (HGPO, arXiv 2602.22817:
+            nested groups that also share the last k = 1..`hierarchy_depth` turns of history, their advantages
+            combined with weights ∝ (k+1)).
+        hierarchy_depth (`int`, *optional*, defaults to `2`):
+            K, the deepest history level of `step_grouping="hierarchical"`; `0` is GiGPO. Ignored for `"state"`.
 
         > Parameters that control the rollout
 
@@ -46,22 +69,39 @@ class GiGPOConfig(GRPOConfig):
             k, the number of past observation/action pairs shown in each prompt.
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             Token limit of one turn's prompt; history is dropped (oldest first) to fit, then a `ValueError`.
-            `None`: the model's context length minus `max_completion_length`.
+            `None`: the model's context length minus `max_completion_length`. With `max_completion_length` it must
+            fit the model's context (`max_position_embeddings`), checked when the trainer is built.
         require_think (`bool`, *optional*, defaults to `True`):
             Whether a completion without a `<think>…</think>` block counts as an invalid action.
         num_env_workers (`int`, *optional*, defaults to `0`):
             Worker processes stepping the environments; `0` steps them in the training process.
         env_step_timeout (`float` or `None`, *optional*, defaults to `None`):
-            Seconds an environment step may take in a worker before its trajectory is ended as failed.
+            Seconds an environment step may take in a worker before its trajectory is ended as failed. Needs
+            `num_env_workers >= 1` (a warning says so otherwise: in-process steps cannot be interrupted).
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             Drop task groups whose trajectory returns are all equal (no episode-level signal) and roll out fresh
             tasks in their place, as DAPO does, up to `max_dynamic_sampling_rounds` extra rounds.
         max_dynamic_sampling_rounds (`int`, *optional*, defaults to `2`):
-            Bound on the extra rollout rounds of `dynamic_sampling`.
+            Bound on the extra rollout rounds of `dynamic_sampling`. Groups still flat after the last round are
+            kept (metric `dynamic_sampling/still_flat_groups`, and a warning the first time).
+        dynamic_sampling_keep_step_signal (`bool`, *optional*, defaults to `True`):
+            With `dynamic_sampling`, keep a group whose returns are all equal but whose step groups still give some
+            row a non-zero A_S (e.g. the same return reached in fewer turns): GiGPO's step-level signal. `False`
+            applies DAPO's rule (drop on equal returns alone). Irrelevant when `step_advantage_weight=0`.
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
+
+        > Parameters whose default differs from [`~trl.GRPOConfig`]
+
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            Disable dropout in the model (`nn.Dropout` modules, LoRA dropout, and the attention dropout of
+            transformers models). Rollouts are generated in train mode, so with dropout on the policy that samples
+            a completion differs from the one that scores it (log-probs, importance ratio) and from the greedy
+            evaluation policy; `True` makes them one policy. `evaluate()` runs in eval mode either way.
+        loss_type (`str`, *optional*, defaults to `"dapo"`):
+            Loss aggregation; the global token mean fits a varying number of rows per iteration.
     """
 
     # GiGPO advantage
@@ -90,6 +130,16 @@ class GiGPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "None: exact anchor-state match. A value in (0, 1): merge anchor texts at least that similar."},
     )
+    step_grouping: str = field(
+        default="state",
+        metadata={"help": "Step groups of A_S: 'state' (GiGPO, same anchor state) or 'hierarchical' (HGPO: nested "
+                          "groups that also share the last 1..hierarchy_depth turns of history).",
+                  "choices": list(STEP_GROUPINGS)},
+    )
+    hierarchy_depth: int = field(
+        default=2,
+        metadata={"help": "K, the deepest history level of step_grouping='hierarchical'; 0 is GiGPO."},
+    )
     # Rollout
     max_turns: int = field(default=50, metadata={"help": "T, the turn limit of an episode."})
     history_length: int = field(
@@ -107,7 +157,8 @@ class GiGPOConfig(GRPOConfig):
         default=0, metadata={"help": "Worker processes stepping the environments; 0 steps them in-process."}
     )
     env_step_timeout: float | None = field(
-        default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails."}
+        default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails (needs "
+                                        "num_env_workers >= 1)."}
     )
     dynamic_sampling: bool = field(
         default=False,
@@ -116,11 +167,23 @@ class GiGPOConfig(GRPOConfig):
     max_dynamic_sampling_rounds: int = field(
         default=2, metadata={"help": "Bound on the extra rollout rounds of dynamic_sampling."}
     )
+    dynamic_sampling_keep_step_signal: bool = field(
+        default=True,
+        metadata={"help": "With dynamic_sampling, keep a group of equal returns whose step groups still carry a "
+                          "non-zero A_S (GiGPO's step signal); False: DAPO's rule, drop on equal returns alone."},
+    )
     eval_temperature: float = field(
         default=0.0, metadata={"help": "Sampling temperature of evaluate() episodes; 0.0 is greedy."}
     )
     eval_max_tasks: int | None = field(
         default=None, metadata={"help": "Evaluate on at most this many tasks of the eval dataset."}
+    )
+    # Changed defaults: dropout off, so that the sampled policy is the one that is scored and trained.
+    disable_dropout: bool = field(
+        default=True,
+        metadata={"help": "Whether to disable dropout in the model (nn.Dropout, LoRA dropout and attention dropout). "
+                          "True (GiGPO's default, TRL's is False): rollouts sample from the same policy the loss "
+                          "scores. evaluate() always runs in eval mode."},
     )
     # Changed defaults: the global token mean fits a varying number of rows per iteration.
     loss_type: str = field(
@@ -129,13 +192,15 @@ class GiGPOConfig(GRPOConfig):
     )
 
     def __getstate__(self) -> dict:
-        """Pickle without secrets: ``transformers.Trainer`` writes the whole config with ``torch.save`` into every
-        checkpoint (``training_args.bin``, also pushed to the Hub), so ``hub_token`` (and any other ``*_token``
-        string) is left out of the pickled copy; ``to_dict``/``str`` already mask it. The live object keeps it."""
+        """The pickled state; without secrets only inside :func:`scrubbed_tokens`, which the trainer holds while it
+        writes the config into a checkpoint (``training_args.bin``, also pushed to the Hub): ``hub_token`` and any
+        other ``*_token`` string are ``None`` there. Copies, deep copies and other pickles keep them;
+        ``to_dict``/``str`` mask them."""
         state = dict(self.__dict__)
-        for key, value in state.items():
-            if key.endswith("_token") and isinstance(value, str):
-                state[key] = None
+        if _SCRUB_TOKENS.get():
+            for key, value in state.items():
+                if key.endswith("_token") and isinstance(value, str):
+                    state[key] = None
         return state
 
     def __post_init__(self):
@@ -156,6 +221,19 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(
                 f"anchor_similarity_threshold must be None or in (0, 1), got {self.anchor_similarity_threshold}"
             )
+        if self.step_grouping not in STEP_GROUPINGS:
+            raise ValueError(f"step_grouping must be one of {list(STEP_GROUPINGS)}, got {self.step_grouping!r}")
+        depth = self.hierarchy_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
+        if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
+            warnings.warn(
+                f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "
+                f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
+                "hierarchy_depth <= history_length, e.g. both 2)",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.history_length < 0:
@@ -166,6 +244,12 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
         if self.env_step_timeout is not None and self.env_step_timeout <= 0:
             raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
+        if self.env_step_timeout is not None and self.num_env_workers == 0:
+            warnings.warn(
+                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
+                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
+                UserWarning, stacklevel=2,
+            )
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:

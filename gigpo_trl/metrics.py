@@ -12,7 +12,8 @@ SIZE_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, None))
 
 
 def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str, float]:
-    """Success rate, mean return R(τ), mean length (turns), invalid-action rate and failed-env rate.
+    """Success rate, mean return R(τ), mean length (turns), invalid-action rate, failed-env rate and truncated rate
+    (trajectories that hit the turn limit before ``done``).
 
     ``trajectories``: records with ``won``, ``episode_return``, ``num_turns``, ``num_invalid``, ``failed``,
     ``task_type`` (see :class:`~gigpo_trl.rollout.TrajectoryRecord`). Failed trajectories count as unsuccessful.
@@ -28,6 +29,7 @@ def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str
         f"{prefix}/length_mean": float(turns.mean()),
         f"{prefix}/invalid_action_rate": float(sum(t.num_invalid for t in trajectories) / max(turns.sum(), 1.0)),
         f"{prefix}/failed_rate": float(np.mean([t.failed for t in trajectories])),
+        f"{prefix}/truncated_rate": float(np.mean([t.truncated for t in trajectories])),
     }
     per_type = defaultdict(list)
     for t in trajectories:
@@ -59,3 +61,51 @@ def anchor_metrics(anchor_group_ids: np.ndarray, prefix: str = "anchor") -> dict
         label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f"{lo}+")
         out[f"{prefix}/size_hist/{label}"] = float(in_bucket.mean())
     return out
+
+
+def level_metrics(level_group_ids: np.ndarray, prefix: str = "anchor") -> dict[str, float]:
+    """Sizes of the HGPO groups per level (arXiv 2602.22817): ``{prefix}/level_<k>/num_groups``,
+    ``…/group_size_mean`` (mean size of a group), ``…/row_group_size_mean`` (size of the group a row sits in, on
+    average over rows) and ``…/singleton_fraction`` (fraction of groups with one row, whose A_k is 0), for
+    ``k = 0..K``; level 0 repeats GiGPO's step groups.
+
+    ``level_group_ids``: (R, K + 1) int, column ``k`` the group ``G_k`` of each row.
+    """
+    ids = np.asarray(level_group_ids)
+    if ids.size == 0:
+        return {}
+    out = {}
+    for k in range(ids.shape[1]):
+        _, sizes = np.unique(ids[:, k], return_counts=True)
+        level = f"{prefix}/level_{k}"
+        out[f"{level}/num_groups"] = float(sizes.size)
+        out[f"{level}/group_size_mean"] = float(sizes.mean())
+        out[f"{level}/row_group_size_mean"] = float((sizes**2).sum() / sizes.sum())
+        out[f"{level}/singleton_fraction"] = float((sizes == 1).mean())
+    return out
+
+
+def completion_metrics(
+    lengths: Sequence[int], clipped: Sequence[bool], prefix: str = "completions"
+) -> dict[str, float]:
+    """TRL's completion-length metrics (names and definitions of ``GRPOTrainer``), one completion per row.
+
+    ``lengths``: (R,) completion lengths in tokens; ``clipped``: (R,) whether the completion was cut at
+    ``max_completion_length`` (it does not end with an end-of-sequence or pad token). Returns ``mean/min/max_length``,
+    ``clipped_ratio`` and ``mean/min/max_terminated_length`` over the completions that were not clipped (0 when
+    none was, as TRL does).
+    """
+    lengths = np.asarray(lengths, dtype=float)
+    if lengths.size == 0:
+        return {}
+    clipped = np.asarray(clipped, dtype=bool)
+    terminated = lengths[~clipped] if (~clipped).any() else np.zeros(1)
+    return {
+        f"{prefix}/mean_length": float(lengths.mean()),
+        f"{prefix}/min_length": float(lengths.min()),
+        f"{prefix}/max_length": float(lengths.max()),
+        f"{prefix}/clipped_ratio": float(clipped.mean()),
+        f"{prefix}/mean_terminated_length": float(terminated.mean()),
+        f"{prefix}/min_terminated_length": float(terminated.min()),
+        f"{prefix}/max_terminated_length": float(terminated.max()),
+    }

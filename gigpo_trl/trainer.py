@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import logging
 import math
 import os
 import time
@@ -16,6 +18,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 from accelerate.utils import gather_object
@@ -26,10 +29,12 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from .advantage import compute_gigpo_advantages
-from .config import GiGPOConfig
+from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
-from .metrics import anchor_metrics, episode_metrics
+from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
+
+logger = logging.getLogger(__name__)
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
@@ -53,6 +58,14 @@ def _resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
     if not callable(env):
         raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
     return {DEFAULT_ENV_KEY: env}
+
+
+def _disable_attention_dropout(model) -> None:
+    """Complete TRL's ``disable_dropout_in_model`` (which zeroes ``nn.Dropout`` modules only): attention layers of
+    transformers models apply their float ``attention_dropout`` functionally, in train mode."""
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 class GiGPOTrainer(GRPOTrainer):
@@ -145,6 +158,8 @@ class GiGPOTrainer(GRPOTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if args.disable_dropout:
+            _disable_attention_dropout(self.model)
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
@@ -164,8 +179,17 @@ class GiGPOTrainer(GRPOTrainer):
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built above; not twice at start-up
+            history_key_depth=args.hierarchy_depth if args.step_grouping == "hierarchical" else 0,
         )
         self._check_first_prompt(train_dataset)
+
+    def train(self, *args, **kwargs):
+        """``Trainer.train``; the env pools (worker processes) are closed at the end, also when training raises.
+        A later :meth:`evaluate` or ``train`` starts fresh ones."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.collector.close_pools()
 
     # ------------------------------------------------------------------ small helpers
     def _check_first_prompt(self, dataset) -> None:
@@ -190,9 +214,17 @@ class GiGPOTrainer(GRPOTrainer):
             self._signature_columns = ["task", "seed", "task_type", "env", "prompt"]
 
     def _resolve_max_prompt_length(self) -> int | None:
-        if self.args.max_prompt_length is not None:
-            return self.args.max_prompt_length
         context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if self.args.max_prompt_length is not None:
+            total = self.args.max_prompt_length + (self.max_completion_length or 0)
+            if context is not None and total > context:
+                raise ValueError(
+                    f"max_prompt_length={self.args.max_prompt_length} + max_completion_length="
+                    f"{self.max_completion_length} = {total} is more than the model's context of {context} positions "
+                    f"(max_position_embeddings); lower them so that they sum to at most {context}, or leave "
+                    "max_prompt_length=None (the context minus max_completion_length)"
+                )
+            return self.args.max_prompt_length
         return None if context is None else max(1, context - (self.max_completion_length or 0))
 
     def _generate_turn(self, prompt_ids: list[list[int]]):
@@ -225,6 +257,16 @@ class GiGPOTrainer(GRPOTrainer):
             # Tensors, lists, dicts and ints only: loadable with torch.load(weights_only=True).
             torch.save(state, os.path.join(folder, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index)))
         super()._save_checkpoint(model, trial)
+
+    # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
+    # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
+    def _save(self, output_dir=None, state_dict=None):
+        with scrubbed_tokens():
+            super()._save(output_dir, state_dict)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        with scrubbed_tokens():
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -285,12 +327,12 @@ class GiGPOTrainer(GRPOTrainer):
 
         # GiGPO advantages over whole task groups: gather every rank's row keys, compute, keep the local slice.
         t1 = time.perf_counter()
-        keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in rows]
+        keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
         all_keys = gather_object(keys) if self.accelerator.num_processes > 1 else keys
         counts = gather_object([len(rows)]) if self.accelerator.num_processes > 1 else [len(rows)]
         start = sum(counts[:rank])
         if all_keys:
-            groups, trajs, anchors, rewards, valid = zip(*all_keys)
+            groups, trajs, anchors, rewards, valid, histories = zip(*all_keys)
             result = compute_gigpo_advantages(
                 rewards=np.asarray(rewards, dtype=np.float64),
                 group_ids=list(groups),
@@ -303,6 +345,9 @@ class GiGPOTrainer(GRPOTrainer):
                 invalid_action_penalty=self.args.invalid_action_penalty,
                 episode_stats=self.args.episode_stats,
                 similarity_threshold=self.args.anchor_similarity_threshold,
+                step_grouping=self.args.step_grouping,
+                hierarchy_depth=self.args.hierarchy_depth,
+                history_keys=list(histories),
             )
             advantages = np.asarray(result.advantages, dtype=np.float32)[start : start + len(rows)]
         else:
@@ -316,18 +361,15 @@ class GiGPOTrainer(GRPOTrainer):
     def _resample_flat_groups(self, inputs: list[dict], group_ids: list[str], batch):
         """Dynamic sampling (DAPO, arXiv 2503.14476, Sec. 3.2): a task group whose trajectory returns are all equal
         carries no episode-level signal; roll out a fresh task in its place, up to ``max_dynamic_sampling_rounds``
-        extra rounds. Every rank takes the same decisions (gathered returns, replacement tasks chosen by a hash of
-        the group id, round and step), so all ranks make the same collect calls. Groups still flat after the last
-        round are kept."""
-        multi = self.accelerator.num_processes > 1
+        extra rounds. Unlike DAPO's rule, a group whose step groups still carry a non-zero A_S is kept by default
+        (``dynamic_sampling_keep_step_signal``; see :meth:`_flat_groups`). Every rank takes the same decisions
+        (gathered returns, replacement tasks chosen by a hash of the group id, round and step), so all ranks make
+        the same collect calls. Groups still flat after the last round are kept, counted in
+        ``dynamic_sampling/still_flat_groups`` and warned about once."""
         dataset = self.train_dataset
         replaced = 0
+        flat = self._flat_groups(batch)
         for round_ in range(1, self.args.max_dynamic_sampling_rounds + 1):
-            local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
-            returns: dict[str, set] = {}
-            for group, value in (gather_object(local) if multi else local):
-                returns.setdefault(group, set()).add(round(value, 9))
-            flat = {g for g, values in returns.items() if len(values) == 1}
             if not flat:
                 break
             replaced += len(flat)
@@ -344,8 +386,44 @@ class GiGPOTrainer(GRPOTrainer):
                 batch.trajectories[i] = fresh.trajectories[n]
             batch.num_generate_calls += fresh.num_generate_calls
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, fresh.max_prompt_tokens)
+            flat = self._flat_groups(batch)
         self._metrics["train"]["dynamic_sampling/replaced_groups"].append(float(replaced))
+        self._metrics["train"]["dynamic_sampling/still_flat_groups"].append(float(len(flat)))
+        if flat and not getattr(self, "_warned_still_flat", False):
+            self._warned_still_flat = True
+            logger.warning(
+                "dynamic sampling: %d task group(s) still have all-equal returns after max_dynamic_sampling_rounds=%d "
+                "extra rounds and are kept (no episode-level signal); the tasks may be too easy or too hard for the "
+                "policy. Raise max_dynamic_sampling_rounds or change the task mix (this warning is shown once; see "
+                "the metric dynamic_sampling/still_flat_groups).", len(flat), self.args.max_dynamic_sampling_rounds,
+            )
         return batch
+
+    def _flat_groups(self, batch) -> set:
+        """Task groups (all ranks) whose healthy trajectories' returns are all equal; unless
+        ``dynamic_sampling_keep_step_signal`` is off (DAPO's rule) or ω = 0, minus those whose step groups give
+        some row a non-zero A_S (e.g. equal returns reached in different numbers of turns)."""
+        multi = self.accelerator.num_processes > 1
+        local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
+        returns: dict[str, set] = {}
+        for group, value in (gather_object(local) if multi else local):
+            returns.setdefault(group, set()).add(round(value, 9))
+        flat = {g for g, values in returns.items() if len(values) == 1}
+        if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
+            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in batch.rows
+                    if r.group_id in flat]
+            keys = gather_object(keys) if multi else keys
+            if keys:
+                groups, trajs, anchors, rewards, valid = zip(*keys)
+                A_S = compute_gigpo_advantages(
+                    rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups),
+                    trajectory_ids=list(trajs), anchor_states=list(anchors),
+                    action_valid=np.asarray(valid, dtype=bool), gamma=self.args.gamma,
+                    mode=self.args.advantage_mode, invalid_action_penalty=self.args.invalid_action_penalty,
+                    episode_stats=self.args.episode_stats, similarity_threshold=self.args.anchor_similarity_threshold,
+                ).step_advantages
+                flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
+        return flat
 
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of
@@ -453,6 +531,8 @@ class GiGPOTrainer(GRPOTrainer):
         metrics = episode_metrics(all_trajs)
         if result is not None:
             metrics.update(anchor_metrics(result.anchor_group_ids))
+            if self.args.step_grouping == "hierarchical":
+                metrics.update(level_metrics(result.level_group_ids))
         lengths = [len(r.completion_ids) for r in rows]
         totals = torch.tensor(
             [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device
@@ -466,6 +546,12 @@ class GiGPOTrainer(GRPOTrainer):
         metrics["rollout/seconds"] = t_rollout
         metrics["rollout/advantage_seconds"] = t_adv
         metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
+        # TRL's clipped / terminated completion metrics; an empty completion was not cut at the limit
+        ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        local = [(len(r.completion_ids), bool(r.completion_ids) and r.completion_ids[-1] not in ends) for r in rows]
+        gathered = gather_object(local) if multi else local
+        if gathered:
+            metrics.update(completion_metrics(*zip(*gathered)))
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
         if self.log_completions:
@@ -477,12 +563,15 @@ class GiGPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
     @contextlib.contextmanager
     def _eval_sampling(self):
-        """Sample at ``eval_temperature`` (0 = greedy) for the duration of the block."""
+        """Sample at ``eval_temperature`` (0 = greedy) with the model in eval mode (dropout off) for the duration of
+        the block; the previous mode and sampling settings come back afterwards, also when the block raises."""
         temperature = self.args.eval_temperature
         saved = (self.generation_config.do_sample, self.generation_config.temperature,
                  dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
         saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
+        was_training = self.model.training
         try:
+            self.model.eval()
             if saved is not None:
                 greedy = temperature == 0.0
                 self.generation_config.do_sample = not greedy
@@ -500,9 +589,10 @@ class GiGPOTrainer(GRPOTrainer):
                 self.generation_kwargs.update(saved[2])
             if self.use_vllm:
                 self.vllm_generation.temperature = saved_vllm
+            self.model.train(was_training)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Run one episode per eval task at ``eval_temperature`` and report success rates.
+        """Run one episode per eval task at ``eval_temperature``, in eval mode (dropout off), and report success rates.
 
         Episodes run ``per_device_eval_batch_size`` at a time per process (one batched generate call per turn).
 
@@ -519,9 +609,7 @@ class GiGPOTrainer(GRPOTrainer):
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         _check_task_dataset(dataset, None, "eval_dataset")
-        tasks = [dict(row) for row in dataset]
-        if self.args.eval_max_tasks is not None:
-            tasks = tasks[: self.args.eval_max_tasks]
+        tasks = [dict(row) for row in itertools.islice(dataset, self.args.eval_max_tasks)]  # None: all
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = tasks[rank::world]
         # Episodes run per_device_eval_batch_size at a time; every rank makes the same number of collect calls
@@ -547,6 +635,17 @@ class GiGPOTrainer(GRPOTrainer):
 
 def _check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
     """Fail early on a task dataset the collector cannot use."""
+    if isinstance(dataset, datasets.IterableDataset):
+        if args is not None:  # the training task set
+            raise ValueError(
+                f"{name} is a datasets.IterableDataset; GiGPO needs a map-style datasets.Dataset of tasks (its size "
+                "and random access serve the init check, the group sampler and dynamic sampling): materialise it, "
+                "e.g. datasets.Dataset.from_list(list(iterable_dataset.take(n))). An iterable eval_dataset is fine."
+            )
+        columns = dataset.column_names or list(next(iter(dataset), {"task": None}))
+        if "task" not in columns:
+            raise ValueError(f"{name} has no 'task' column (columns: {columns}); each row must give the task to reset")
+        return
     columns = getattr(dataset, "column_names", None)
     if columns is None and len(dataset):
         columns = list(dataset[0])

@@ -17,6 +17,8 @@ SCRIPT = ROOT / "tests" / "scripts" / "distributed_train.py"
 def launch(tmp_path, *extra, script_args=(), use_cpu=True):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
                TOKENIZERS_PARALLELISM="false")
+    # The checkout under test first: an editable install elsewhere (another worktree) must not shadow it.
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
     with socket.socket() as sock:  # a free port: a fixed one collides with any other launch on the machine
@@ -50,6 +52,23 @@ def test_two_processes_with_different_row_counts(tmp_path):
     assert ranks[0][2] == ranks[1][2] == 2
     assert output.count("dist=MULTI_CPU zero=None") == 2 and "DONE" in output
     # FixedLengthEnv episodes always end with reward 1: 3 of 3 eval episodes won, gathered from both ranks
+    assert output.count("EVAL tasks=3 success=1.0") == 2
+
+
+@pytest.mark.slow
+def test_prompt_too_long_on_one_rank_fails_its_trajectories_and_the_run_completes(tmp_path):
+    # Step 2: rank 1's two task-4 episodes get an over-long turn-3 prompt. They fail (not raise) before the per-turn
+    # collective, so rank 0 is not left waiting in it: both ranks finish both steps and the evaluation.
+    output = launch(tmp_path, "--config_file", str(ROOT / "configs" / "accelerate" / "multi_cpu.yaml"),
+                    script_args=("--long-obs",))
+    ranks = parse_ranks(output)
+    assert ranks[0][0] == [2, 4, 1, 3] and ranks[1][0] == [6, 0, 2, 0]  # the failed episodes keep no rows
+    # step 2 ends after turn 2: at turn 3 no rank has an active trajectory left (was 4 calls)
+    assert ranks[0][1] == ranks[1][1] == [3, 3, 2, 3]
+    assert ranks[0][2] == ranks[1][2] == 2 and "DONE" in output
+    failed = re.findall(r"FAILED rank=(\d) \((\d), (\d)\): prompt of task 4 at turn 3 has \d+ tokens, more than "
+                        r"max_prompt_length=600", output)
+    assert sorted(failed) == [("1", "1", "0"), ("1", "1", "1")]
     assert output.count("EVAL tasks=3 success=1.0") == 2
 
 

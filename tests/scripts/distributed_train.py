@@ -10,14 +10,16 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from conftest import CORPUS  # noqa: E402
-from toy_env import FixedLengthEnv  # noqa: E402
+from toy_env import FixedLengthEnv, LongObsAtTurn3Env  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
-def main(output_dir: str, deepspeed: str | None = None):
+def main(output_dir: str, deepspeed: str | None = None, long_obs: bool = False):
     extra = {}
+    if long_obs:  # rank 1's task-4 episodes get a prompt over max_prompt_length at turn 3 (step 2)
+        extra["max_prompt_length"] = 600
     if deepspeed is not None:
         # DeepSpeed on CPU: accelerate finds no backend for a non-CUDA DeepSpeed run; set up gloo first and let
         # the Trainer use that state.
@@ -33,7 +35,8 @@ def main(output_dir: str, deepspeed: str | None = None):
         learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, shuffle_dataset=False,
         seed=0, disable_tqdm=True, **extra,
     )
-    trainer = GiGPOTrainer(model, env=FixedLengthEnv, args=args, processing_class=tokenizer)
+    env = LongObsAtTurn3Env if long_obs else FixedLengthEnv
+    trainer = GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer)
     rows, calls = [], []
     collect = trainer.collector.collect
 
@@ -41,6 +44,9 @@ def main(output_dir: str, deepspeed: str | None = None):
         batch = collect(*a, **k)
         rows.append(len(batch.rows))
         calls.append(batch.num_generate_calls)
+        for t in batch.trajectories:
+            if t.failed:
+                print(f"FAILED rank={trainer.accelerator.process_index} {t.trajectory_id}: {t.error[:80]}", flush=True)
         return batch
 
     trainer.collector.collect = counting
@@ -69,4 +75,5 @@ def main(output_dir: str, deepspeed: str | None = None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    argv = [a for a in sys.argv[1:] if a != "--long-obs"]
+    main(argv[0], argv[1] if len(argv) > 1 else None, long_obs="--long-obs" in sys.argv)
