@@ -24,6 +24,8 @@ def scrubbed_tokens():
 
 ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
+# Loss types whose accumulated sub-batch gradient equals the unsplit one (see GiGPOTrainer._sub_batch_scale).
+BUDGET_LOSS_TYPES = ("dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo")
 STEP_GROUPINGS = ("state", "hierarchical")
 
 
@@ -92,6 +94,18 @@ class GiGPOConfig(GRPOConfig):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
+
+        > Parameters that control memory
+
+        max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `16384`):
+            The most padded tokens, rows × (padded prompt length + padded completion length), that one forward or
+            backward may hold. Each of TRL's micro-batches (and the no-grad old/reference log-prob passes) is packed
+            by length into sub-batches under this budget, each trimmed to its own longest prompt and completion; a
+            single longer row goes alone. The accumulated gradient equals the unsplit one for every accepted
+            `loss_type`. Needed because a trajectory yields one row per turn, so the rows of a micro-batch grow
+            with the episode length. `None`: one forward per micro-batch, as in TRL. Not combinable with
+            `top_entropy_quantile < 1`, an entropy bonus (`entropy_coef`, `use_adaptive_entropy`) or the LOMO
+            optimizers, whose terms are not sums over rows.
 
         > Parameters whose default differs from [`~trl.GRPOConfig`]
 
@@ -178,6 +192,12 @@ class GiGPOConfig(GRPOConfig):
     eval_max_tasks: int | None = field(
         default=None, metadata={"help": "Evaluate on at most this many tasks of the eval dataset."}
     )
+    # Memory
+    max_tokens_per_microbatch: int | None = field(
+        default=16384,
+        metadata={"help": "Most padded tokens (rows x (prompt + completion width)) in one forward/backward; rows of a "
+                          "micro-batch are packed into sub-batches under it. None: one forward per micro-batch."},
+    )
     # Changed defaults: dropout off, so that the sampled policy is the one that is scored and trained.
     disable_dropout: bool = field(
         default=True,
@@ -256,3 +276,33 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"max_dynamic_sampling_rounds must be >= 0, got {self.max_dynamic_sampling_rounds}")
         if self.eval_temperature < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+        self._check_token_budget()
+
+    def _check_token_budget(self) -> None:
+        budget = self.max_tokens_per_microbatch
+        if budget is None:
+            return
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"max_tokens_per_microbatch must be None or an int >= 1, got {budget!r}")
+        field_name = "max_tokens_per_microbatch"
+        if self.loss_type not in BUDGET_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} cannot be split into token-budget sub-batches ({field_name}="
+                f"{budget}); use one of {list(BUDGET_LOSS_TYPES)} or set {field_name}=None"
+            )
+        if self.top_entropy_quantile < 1.0:
+            raise ValueError(
+                f"top_entropy_quantile={self.top_entropy_quantile} needs the entropies of the whole micro-batch in "
+                f"one forward; set {field_name}=None (or top_entropy_quantile=1.0)"
+            )
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError(
+                f"an entropy bonus (entropy_coef={self.entropy_coef}, use_adaptive_entropy="
+                f"{self.use_adaptive_entropy}) is a token mean over the micro-batch, not a sum over rows; set "
+                f"{field_name}=None to use it"
+            )
+        optim = getattr(self.optim, "value", self.optim)
+        if str(optim) in ("lomo", "adalomo"):
+            raise ValueError(
+                f"optim={optim!r} updates the weights inside each backward; set {field_name}=None to use it"
+            )

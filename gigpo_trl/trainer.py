@@ -21,10 +21,11 @@ from typing import Any
 import datasets
 import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
@@ -32,6 +33,7 @@ from .advantage import compute_gigpo_advantages
 from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
+from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
 
 logger = logging.getLogger(__name__)
@@ -158,6 +160,12 @@ class GiGPOTrainer(GRPOTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if args.max_tokens_per_microbatch is not None and self.aux_loss_enabled:
+            raise ValueError(
+                "the model's MoE load-balancing loss (router_aux_loss_coef="
+                f"{self.router_aux_loss_coef}) is a statistic of one whole forward, not a sum over rows; set "
+                "max_tokens_per_microbatch=None or router_aux_loss_coef=0.0"
+            )
         if args.disable_dropout:
             _disable_attention_dropout(self.model)
         if getattr(self._tokenizer, "chat_template", None) is None:
@@ -319,9 +327,10 @@ class GiGPOTrainer(GRPOTrainer):
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
-        batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
-        if self.args.dynamic_sampling and mode == "train":
-            batch = self._resample_flat_groups(list(inputs), group_ids, batch)
+        with self._generation_params_gathered():
+            batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
+            if self.args.dynamic_sampling and mode == "train":
+                batch = self._resample_flat_groups(list(inputs), group_ids, batch)
         rows = batch.rows
         t_rollout = time.perf_counter() - t0
 
@@ -466,6 +475,8 @@ class GiGPOTrainer(GRPOTrainer):
             "completion_mask": completion_mask,
             "advantages": torch.tensor(adv, dtype=torch.float32, device=device),
             "num_items_in_batch": num_items_in_batch,
+            # 1 for a rollout row, 0 for filler: row-normalised losses divide by real rows (see _sub_batch_scale)
+            "real_row_mask": torch.tensor([1] * len(rows) + [0] * (target - len(rows)), device=device),
         }
         output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode))
         return output
@@ -483,20 +494,17 @@ class GiGPOTrainer(GRPOTrainer):
         generate_every = self.args.steps_per_generation * self.num_iterations
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
-                out["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                out["old_per_token_logps"] = self._score_in_budget(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size
                 )
             if self.beta != 0.0:
                 if self.ref_model is not None:
-                    ref, _, _ = self._get_per_token_logps_and_entropies(
-                        self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
-                    )
+                    ref = self._score_in_budget(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size)
                 else:
                     unwrapped = self.accelerator.unwrap_model(self.model)
                     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                        ref, _, _ = self._get_per_token_logps_and_entropies(
-                            self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
-                        )
+                        ref = self._score_in_budget(self.model, input_ids, attention_mask, logits_to_keep,
+                                                    batch_size)
                 out["ref_per_token_logps"] = ref
         if have_sampling and self.use_vllm:
             sampling = pad(
@@ -523,6 +531,227 @@ class GiGPOTrainer(GRPOTrainer):
         lo = -math.inf if lo is None else lo
         hi = math.inf if hi is None else hi
         return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+    # ------------------------------------------------------------------ bounded memory: token-budget sub-batches
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss on one micro-batch, run as sub-batches of at most ``max_tokens_per_microbatch`` padded tokens.
+
+        The rows are packed by length (:func:`gigpo_trl.microbatch.pack_rows`) and each sub-batch is trimmed to its
+        own longest prompt and completion. Every sub-batch but the last is backwarded here, with the gradient
+        all-reduce (DDP) and DeepSpeed's step held until the last one, which is returned for
+        ``Trainer.training_step`` to backward; the returned value is the whole micro-batch loss. Each sub-batch loss
+        is weighted (:meth:`_sub_batch_scale`) so that the summed gradient equals the unsplit one; every rank runs
+        the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step.
+        """
+        budget = self.args.max_tokens_per_microbatch
+        if return_outputs or budget is None or not (self.model.training and torch.is_grad_enabled()):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            scale = self._sub_batch_scale(inputs, inputs)
+            return loss if scale == 1.0 else loss * scale
+        mode = "train"
+        subs, weights = self._split_for_budget(inputs, budget)
+        before = {key: len(values) for key, values in self._metrics[mode].items()}
+        kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
+        done = None
+        with self._ragged_gather():
+            for sub, scale in subs[:-1]:
+                with self._gradient_sync_deferred(model):
+                    loss = super().compute_loss(model, sub) * scale
+                    self.accelerator.backward(loss, **kwargs)
+                done = loss.detach() if done is None else done + loss.detach()
+            sub, scale = subs[-1]
+            loss = super().compute_loss(model, sub) * scale
+        self._merge_sub_batch_metrics(mode, before, weights)
+        return loss if done is None else loss + done  # `done` only carries the value: its gradient is applied
+
+    def _sub_batch_scale(self, sub: dict, whole: dict) -> float:
+        """Weight of a sub-batch loss so that the sub-batch losses sum to the whole micro-batch's loss.
+
+        TRL's normaliser per ``loss_type`` (``GRPOTrainer._compute_loss``): ``dapo``/``cispo``/``vespo`` divide by
+        the global token count (already the same for every sub-batch: weight 1); ``bnpo`` by the forward's own
+        tokens (weight = sub tokens / micro-batch tokens); ``grpo``/``sapo``/``luspo`` average per-row values and
+        ``dr_grpo`` divides by rows × ``max_completion_length`` (weight = sub rows / micro-batch rows). Rows counts
+        exclude the zero-mask filler rows of :meth:`_rows_to_batch` (``real_row_mask``), which TRL would count:
+        with ``sub is whole`` this is the whole correction (e.g. 10 real rows + 6 filler: weight 16/10).
+        """
+        if self.loss_type == "bnpo":
+            def tokens(b):
+                mask = b["completion_mask"] if "tool_mask" not in b else b["completion_mask"] * b["tool_mask"]
+                return max(float(mask.sum()), 1.0)
+
+            return 1.0 if sub is whole else tokens(sub) / tokens(whole)
+        if self.loss_type in ("grpo", "sapo", "luspo", "dr_grpo"):
+            real = whole.get("real_row_mask")
+            rows = float(real.sum()) if real is not None else float(whole["completion_mask"].size(0))
+            return sub["completion_mask"].size(0) / max(rows, 1.0)
+        return 1.0
+
+    def _split_for_budget(self, inputs: dict, budget: int) -> tuple[list[tuple[dict, float]], list[float]]:
+        """``([(sub-batch, loss weight)], global loss tokens per sub-batch index)``; the list has the same length
+        on every rank (the ranks' maximum; empty sub-batches of weight 0 fill the rest). Filler rows, which carry no
+        loss tokens, are left out."""
+        p_len, c_len = row_lengths(inputs["prompt_mask"], inputs["completion_mask"])
+        multiple = self.pad_to_multiple_of
+        real = inputs.get("real_row_mask")
+        keep = list(range(len(p_len))) if real is None else torch.nonzero(real).flatten().tolist()  # no filler
+        subs = []
+        for packed in pack_rows([p_len[i] for i in keep], [c_len[i] for i in keep], budget, multiple):
+            rows = [keep[j] for j in packed]
+            sub = take_rows(inputs, rows, *sub_batch_widths(p_len, c_len, rows, multiple))
+            subs.append((sub, self._sub_batch_scale(sub, inputs)))
+        tokens = [float(sub["completion_mask"].sum()) for sub, _ in subs]
+        n_max, weights = self._agree_on_sub_batches(len(subs), tokens)
+        if n_max == 0:  # only filler rows on every rank: still one (empty) forward/backward
+            n_max, weights = 1, [0.0]
+        while len(subs) < n_max:
+            subs.append((self._empty_sub_batch(inputs), 0.0))
+        return subs, weights
+
+    def _agree_on_sub_batches(self, count: int, tokens: list[float]) -> tuple[int, list[float]]:
+        """The ranks' largest sub-batch count and, per sub-batch index, the tokens summed over ranks."""
+        if self.accelerator.num_processes == 1:
+            return count, tokens
+        device = self.accelerator.device
+        n_max = int(self.accelerator.gather(torch.tensor([count], device=device)).max().item())
+        local = torch.zeros(n_max, dtype=torch.float32, device=device)
+        local[:count] = torch.tensor(tokens, dtype=torch.float32)
+        return n_max, self.accelerator.reduce(local, reduction="sum").tolist()
+
+    @staticmethod
+    def _empty_sub_batch(inputs: dict) -> dict:
+        """One row, one prompt and one completion column, no loss tokens: a rank's filler forward/backward."""
+        sub = take_rows(inputs, [0], 1, 1)
+        sub["completion_mask"] = torch.zeros_like(sub["completion_mask"])
+        sub["advantages"] = torch.zeros_like(sub["advantages"])
+        return sub
+
+    @contextlib.contextmanager
+    def _gradient_sync_deferred(self, model):
+        """Hold gradient synchronisation for a sub-batch that is not the last of the micro-batch.
+
+        TRL/accelerate private state (one place): on the last micro-batch of an accumulation window Trainer sets
+        ``gradient_state.sync_gradients``; accelerate's DeepSpeed backward then sets the accumulation boundary and
+        calls ``engine.step()`` after every backward, and DDP all-reduces after every backward. Clearing the flag
+        and entering ``no_sync`` for the earlier sub-batches makes them plain accumulation micro-steps for both.
+        """
+        state = self.accelerator.gradient_state
+        if not state.sync_gradients:
+            yield
+            return
+        state._set_sync_gradients(False)
+        try:
+            with self.accelerator.no_sync(model):
+                yield
+        finally:
+            state._set_sync_gradients(True)
+
+    @contextlib.contextmanager
+    def _ragged_gather(self):
+        """Let ``accelerator.gather`` take per-row tensors of different lengths on different ranks.
+
+        TRL private behaviour (one place): ``_compute_loss`` gathers one value per row for its clip-ratio min/max
+        metrics, which assumes every rank's forward holds the same rows; sub-batches do not. Inside this block,
+        floating-point tensors are NaN-padded to the longest rank first (``pad_across_processes``); TRL reduces
+        them with ``nanmin``/``nanmax``, so the padding is invisible.
+        """
+        accelerator = self.accelerator
+        if accelerator.num_processes == 1 or "gather" in vars(accelerator):
+            yield
+            return
+        plain = accelerator.gather
+
+        def gather(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
+                tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=math.nan)
+            return plain(tensor)
+
+        accelerator.gather = gather
+        try:
+            yield
+        finally:
+            del accelerator.gather
+
+    def _merge_sub_batch_metrics(self, mode: str, before: dict[str, int], weights: list[float]) -> None:
+        """TRL private (``self._metrics``): ``_compute_loss`` appends one value per call; fold the sub-batches'
+        values into one per micro-batch: ``*_min``/``*_max`` by min/max, the rest (global masked means) weighted
+        by each sub-batch index's global token count, which reproduces the unsplit micro-batch's mean."""
+        k = len(weights)
+        if k < 2:
+            return
+        w = np.asarray(weights, dtype=np.float64)
+        for key, values in self._metrics[mode].items():
+            start = before.get(key, 0)
+            new = np.asarray(values[start:], dtype=np.float64)
+            if len(new) != k:
+                continue
+            ok = ~np.isnan(new)
+            if not ok.any():
+                merged = math.nan
+            elif key.endswith("_min"):
+                merged = float(new[ok].min())
+            elif key.endswith("_max"):
+                merged = float(new[ok].max())
+            elif w[ok].sum() > 0:
+                merged = float((new[ok] * w[ok]).sum() / w[ok].sum())
+            else:
+                merged = float(new[ok].mean())
+            del values[start:]
+            values.append(merged)
+
+    def _score_in_budget(self, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int):
+        """Per-token log-probs ``(B, logits_to_keep)`` of the no-grad old/reference passes, in forwards of at most
+        ``max_tokens_per_microbatch`` padded tokens (``None``: TRL's chunks of ``batch_size`` rows).
+
+        Only prompt padding is trimmed: completions keep the batch's full width, because a training sub-batch of
+        another width reads these values at masked positions too (``exp(ref - logp)`` there must stay finite).
+        Every rank runs the same number of forwards (ZeRO-3 gathers parameters in each).
+        """
+        budget = self.args.max_tokens_per_microbatch
+        if budget is None:
+            return self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+            )[0]
+        width = input_ids.size(1) - logits_to_keep  # prompt columns
+        p_len = attention_mask[:, :width].sum(dim=1).tolist()
+        c_len = [logits_to_keep] * input_ids.size(0)
+        bins = pack_rows(p_len, c_len, budget, self.pad_to_multiple_of)
+        n_max, _ = self._agree_on_sub_batches(len(bins), [0.0] * len(bins))
+        out = None
+        for i in range(n_max):
+            rows = bins[i] if i < len(bins) else [0]  # a short rank repeats a one-token-prompt forward of row 0
+            wp = min(width, sub_batch_widths(p_len, c_len, rows, self.pad_to_multiple_of)[0]) if i < len(bins) else 1
+            index = torch.tensor(rows, device=input_ids.device)
+            logps = self._get_per_token_logps_and_entropies(
+                model, input_ids[index, width - wp :], attention_mask[index, width - wp :], logits_to_keep
+            )[0]
+            if out is None:
+                out = logps.new_zeros((input_ids.size(0), logits_to_keep))
+            if i < len(bins):
+                out[index] = logps
+        return out
+
+    @contextlib.contextmanager
+    def _generation_params_gathered(self):
+        """ZeRO-3 with transformers generation: gather the sharded parameters once for the whole rollout.
+
+        TRL's ``_generate_single_turn`` enters ``unwrap_model_for_generation`` (a full parameter gather) on every
+        call, i.e. once per turn. Here the same context is entered once around the collect, and
+        ``ds3_gather_for_generation`` is off inside it, so each turn's call takes the already-gathered, hook-free
+        model as it is. No effect with vLLM, without ZeRO-3, or when ``ds3_gather_for_generation`` is already off.
+        """
+        plugin = self.accelerator.state.deepspeed_plugin
+        if self.use_vllm or plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
+            yield
+            return
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=True,
+            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+        ):
+            self.args.ds3_gather_for_generation = False
+            try:
+                yield
+            finally:
+                self.args.ds3_gather_for_generation = True
 
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows
@@ -618,7 +847,7 @@ class GiGPOTrainer(GRPOTrainer):
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
         local_trajectories = []
-        with self._eval_sampling():
+        with self._eval_sampling(), self._generation_params_gathered():
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
