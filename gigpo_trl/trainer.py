@@ -419,17 +419,19 @@ class GiGPOTrainer(GRPOTrainer):
             returns.setdefault(group, set()).add(round(value, 9))
         flat = {g for g, values in returns.items() if len(values) == 1}
         if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
-            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in batch.rows
-                    if r.group_id in flat]
+            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key)
+                    for r in batch.rows if r.group_id in flat]
             keys = gather_object(keys) if multi else keys
-            if keys:
-                groups, trajs, anchors, rewards, valid = zip(*keys)
+            if keys:  # the same estimator settings as the training advantages, so A_S is the one trained on
+                groups, trajs, anchors, rewards, valid, histories = zip(*keys)
                 A_S = compute_gigpo_advantages(
                     rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups),
                     trajectory_ids=list(trajs), anchor_states=list(anchors),
                     action_valid=np.asarray(valid, dtype=bool), gamma=self.args.gamma,
                     mode=self.args.advantage_mode, invalid_action_penalty=self.args.invalid_action_penalty,
                     episode_stats=self.args.episode_stats, similarity_threshold=self.args.anchor_similarity_threshold,
+                    step_grouping=self.args.step_grouping, hierarchy_depth=self.args.hierarchy_depth,
+                    history_keys=list(histories),
                 ).step_advantages
                 flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
         return flat
