@@ -268,8 +268,9 @@ class GiGPOTrainer(GRPOTrainer):
 
     # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
     # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
+    # _save also writes PEFT's model card: see _card_names_hub_base_model.
     def _save(self, output_dir=None, state_dict=None):
-        with scrubbed_tokens():
+        with scrubbed_tokens(), self._card_names_hub_base_model():
             super()._save(output_dir, state_dict)
 
     def _push_from_checkpoint(self, checkpoint_folder):
@@ -316,10 +317,6 @@ class GiGPOTrainer(GRPOTrainer):
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         with self._card_names_hub_base_model():
             super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-
-    def _save(self, output_dir=None, state_dict=None):
-        with self._card_names_hub_base_model():
-            super()._save(output_dir, state_dict)
 
     # ------------------------------------------------------------------ the override
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
