@@ -279,9 +279,9 @@ def test_webshop_data_dir_missing_or_malformed(tmp_path):
         WebShopEnv(data_dir=tmp_path / "nowhere")
     data = tmp_path / "ws"
     data.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"WebShop data files not found: .*/ws/items_shuffle_1000.json \(expected "
-                                                r"a JSON list of WebShop products.*\); .*/ws/items_ins_v2_1000.json "
-                                                r"\(expected a JSON object mapping asin"):
+    with pytest.raises(FileNotFoundError, match=r"WebShop data files not found: .*/ws/items_shuffle_1000.json "
+                                                r"\(expected a JSON list of WebShop products.*\); "
+                                                r".*/ws/items_ins_v2_1000.json \(expected a JSON object mapping asin"):
         WebShopEnv(data_dir=data)  # both files named at once
     (data / "items_ins_v2_1000.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"WebShop data file not found: .*items_shuffle_1000.json \(expected a "

@@ -174,7 +174,8 @@ def test_main_names_every_missing_webshop_file(tmp_path, tiny_model_dir, capsys,
                          "--output_dir", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1
-    assert err[0].startswith(f"[gigpo] error: WebShop data files not found: {tmp_path / 'empty'}/items_shuffle_1000.json "
+    empty = tmp_path / "empty"
+    assert err[0].startswith(f"[gigpo] error: WebShop data files not found: {empty}/items_shuffle_1000.json "
                              "(expected a JSON list of WebShop products")
     assert f"; {tmp_path / 'empty'}/items_ins_v2_1000.json (expected a JSON object mapping asin" in err[0]
 
