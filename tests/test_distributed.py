@@ -27,9 +27,11 @@ def launch(tmp_path, *extra, script_args=(), use_cpu=True):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(port), *extra, str(SCRIPT),
            str(tmp_path / "out"), *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    output = proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
-    return output
+    # The ranks' result lines, from each rank's own file (on the shared stdout two ranks' lines can interleave).
+    reports = sorted((tmp_path / "out-reports").glob("rank-*.txt"))
+    assert len(reports) == 2, proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
+    return "".join(path.read_text() for path in reports)
 
 
 def parse_ranks(output):

@@ -42,6 +42,18 @@ class VariedRewardEnv(FixedLengthEnv):
         return obs, reward + (len(action) % 3) / 2, done, info
 
 
+_REPORT = []  # [path] of this rank's report file, set in main()
+
+
+def report(line: str) -> None:
+    """Print a result line and append it to this rank's own file: the two ranks share stdout, and their lines can
+    interleave there mid-line, so the test reads the per-rank files."""
+    print(line, flush=True)
+    if _REPORT:
+        with open(_REPORT[0], "a") as f:
+            f.write(line + "\n")
+
+
 def build(output_dir, extra, budget, env=VariedRewardEnv):
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     model = build_tiny_model(tokenizer)
@@ -67,6 +79,9 @@ def full_weights(trainer):
 
 def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
          per_turn_gathers: bool = False, long_obs: bool = False):
+    reports = output_dir + "-reports"  # one file per rank (accelerate sets RANK), read by tests/test_distributed.py
+    os.makedirs(reports, exist_ok=True)
+    _REPORT.append(os.path.join(reports, f"rank-{os.environ.get('RANK', '0')}.txt"))
     extra = {}
     if long_obs:  # rank 1's task-4 episodes get a prompt over max_prompt_length at turn 3 (step 2)
         extra["max_prompt_length"] = 600
@@ -102,7 +117,7 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
         calls.append(batch.num_generate_calls)
         for t in batch.trajectories:
             if t.failed:
-                print(f"FAILED rank={trainer.accelerator.process_index} {t.trajectory_id}: {t.error[:80]}", flush=True)
+                report(f"FAILED rank={trainer.accelerator.process_index} {t.trajectory_id}: {t.error[:80]}")
         return batch
 
     def counting_gathers(fn):
@@ -122,30 +137,29 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
     initial = torch.cat([p.detach().clone().flatten() for p in trainer.model.parameters()])
     trainer.train()
     update = full_weights(trainer) - initial
-    print(f"UPDATE {trainer.accelerator.process_index} norm={float(update.norm()):.6f}", flush=True)
+    report(f"UPDATE {trainer.accelerator.process_index} norm={float(update.norm()):.6f}")
     # 3 eval tasks over 2 ranks, one episode at a time: rank 1 runs one empty chunk to keep collectives in step
     import datasets
 
     trainer.args.per_device_eval_batch_size = 1
     trainer.collector.collect = counting_gathers(counting)  # evaluation: per collect
     metrics = trainer.evaluate(datasets.Dataset.from_dict({"task": [1, 2, 3], "seed": [0, 0, 0]}))
-    print(f"EVAL tasks={int(metrics['eval_num_tasks'])} success={metrics['eval_success_rate']}", flush=True)
+    report(f"EVAL tasks={int(metrics['eval_num_tasks'])} success={metrics['eval_success_rate']}")
     rank = trainer.accelerator.process_index
     plugin = trainer.accelerator.state.deepspeed_plugin
     zero = plugin.zero_stage if plugin is not None else None
-    print(f"RANK {rank} rows={rows} generate_calls={calls} steps={trainer.state.global_step} "
-          f"dist={trainer.accelerator.distributed_type.value} zero={zero}", flush=True)
-    print(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}",
-          flush=True)
+    report(f"RANK {rank} rows={rows} generate_calls={calls} steps={trainer.state.global_step} "
+           f"dist={trainer.accelerator.distributed_type.value} zero={zero}")
+    report(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}")
     if compare:  # the same two steps with the budget off, from the same weights and seed
         reference, _ = build(output_dir + "-ref", extra, None, env)
         reference.train()
         expected = full_weights(reference) - initial
         diff = float((update - expected).norm() / expected.norm())
-        print(f"COMPARE {rank} update_norm={float(expected.norm()):.4f} rel_diff={diff:.3e}", flush=True)
+        report(f"COMPARE {rank} update_norm={float(expected.norm()):.4f} rel_diff={diff:.3e}")
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
-        print("DONE", flush=True)
+        report("DONE")
     trainer.accelerator.end_training()
     # Within a long pytest session, a rank occasionally aborts during interpreter teardown, after all the work
     # above (SIGABRT, "terminate called without an active exception" from a C++ thread; seen in 2 of ~15 suite
