@@ -8,10 +8,11 @@ policy that reads the description can always take the passage; one that picks a 
 turns per wrong door (in and out). Which direction holds which door is drawn per room from the task id, so a
 policy cannot memorise directions, only learn which door kinds lead on.
 
-Observation (no turn counter, so revisiting a state gives an identical observation and anchor)::
+Observation (no turn counter, so revisiting a state gives an identical observation and anchor): the doors
+in sight, in the order up, down, left, right; the directions not named are walls::
 
-    room 3: up wall, down arch, left closet, right wall        # in a room: what lies in each direction
-    closet off room 3: up wall, down wall, left wall, right way out     # inside a dead end
+    room 3: down arch, left closet        # in a room: its two doors and their kinds
+    closet off room 3: right way out      # inside a dead end
 
 Door kinds: passages are one of ``PASSAGES`` (``arch``, ``stairs``), dead ends one of ``DEAD_ENDS``
 (``closet``, ``niche``); the kind of each door is drawn per room too. The way out of a dead end is the
@@ -189,11 +190,9 @@ class CorridorEnv(TextEnv):
             return "outside: you found the exit"
         room = self.rooms[self.room]
         if self.in_dead_end:
-            way_out = OPPOSITE[room.dead_end]
-            parts = [f"{m} {'way out' if m == way_out else 'wall'}" for m in MOVES]
-            return f"{room.dead_end_kind} off room {self.room + 1}: " + ", ".join(parts)
+            return f"{room.dead_end_kind} off room {self.room + 1}: {OPPOSITE[room.dead_end]} way out"
         kinds = {room.passage: room.passage_kind, room.dead_end: room.dead_end_kind}
-        return f"room {self.room + 1}: " + ", ".join(f"{m} {kinds.get(m, 'wall')}" for m in MOVES)
+        return f"room {self.room + 1}: " + ", ".join(f"{m} {kinds[m]}" for m in MOVES if m in kinds)
 
     def legal_moves(self) -> list[str]:
         """Moves that do not walk into a wall from the current state (both doors of a room; the way out of a
