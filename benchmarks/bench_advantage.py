@@ -10,7 +10,11 @@ Cases:
   ALFWorld scale) and on 10x the groups (64,000 rows); string anchors drawn
   from a small pool per task so that anchors repeat;
 * fuzzy anchor matching (``similarity_threshold``) on 1,000 WebShop-length
-  texts (~1,500 chars), 8 task groups of 125 rows with near-duplicates.
+  texts (~1,500 chars), 8 task groups of 125 rows with near-duplicates;
+* history-consistent groups (HGPO, ``step_grouping="hierarchical"``) on
+  35,200 rows (88 groups x 8 x 50 turns) with int64 history-pair hashes as
+  the trainer records them: cost of K = 0, 1, 2 (and 4) against today's
+  ``step_grouping="state"`` on the same rows.
 
 Prints the median of several timed repeats after warm-up, and PASS/MISS
 against the targets.
@@ -30,10 +34,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gigpo_trl.advantage import compute_gigpo_advantages  # noqa: E402
+from gigpo_trl.rollout import history_pair_hash  # noqa: E402
 
 TARGET_EXACT_MS = 5.0
 TARGET_SCALING = 12.0
 TARGET_SIMILARITY_S = 1.0
+TARGET_HIERARCHY_RATIO = 3.0  # K = 2 vs today's estimator on the same rows ("at most a few times")
 
 
 def make_exact_case(n_groups: int, n_traj: int, n_turns: int, seed: int = 0):
@@ -52,6 +58,21 @@ def make_exact_case(n_groups: int, n_traj: int, n_turns: int, seed: int = 0):
     valid = rng.random(R) > 0.05
     return dict(rewards=rewards, group_ids=group_ids, trajectory_ids=trajectory_ids,
                 anchor_states=anchors, action_valid=valid)
+
+
+def make_hierarchy_case(n_groups: int = 88, n_traj: int = 8, n_turns: int = 50, depth: int = 4, seed: int = 2):
+    """``make_exact_case`` plus each row's history keys: hashes of its trajectory's previous (anchor, action)
+    pairs (4 actions), the last ``depth`` of them, oldest first, as ``StepRow.history_key`` holds them."""
+    case = make_exact_case(n_groups, n_traj, n_turns, seed)
+    rng = np.random.default_rng(seed + 1)
+    actions = rng.integers(0, 4, size=len(case["rewards"])).tolist()
+    keys, history = [], []
+    for i, (anchor, action) in enumerate(zip(case["anchor_states"], actions)):
+        if i % n_turns == 0:
+            history = []
+        keys.append(tuple(history[-depth:]))
+        history.append(history_pair_hash(anchor, f"action {action}"))
+    return dict(case, history_keys=keys)
 
 
 def make_similarity_case(n_groups: int = 8, per_group: int = 125, length: int = 1500, seed: int = 0):
@@ -103,6 +124,22 @@ def time_call(kwargs, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def time_interleaved(cases: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median CPU seconds (``time.process_time``: single-threaded, so the wall time of a quiet machine, but not
+    counting the time other jobs hold the cores) of one call per case, the cases timed in turn within each repeat
+    so that load changes during the run affect all of them alike (the ratios are what this case reports)."""
+    for _ in range(warmup):
+        for kwargs in cases.values():
+            compute_gigpo_advantages(**kwargs)
+    times = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, kwargs in cases.items():
+            t0 = time.process_time()
+            compute_gigpo_advantages(**kwargs)
+            times[name].append(time.process_time() - t0)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -125,6 +162,25 @@ def main(argv=None) -> int:
           f"   target <= {TARGET_EXACT_MS} ms: {verdict(t_small * 1e3 <= TARGET_EXACT_MS)}")
     print(f"exact, {n_large:>6} rows: {t_large * 1e3:8.2f} ms/call  {n_large / t_large:12,.0f} rows/s")
     print(f"scaling time(10x)/time(1x) = {ratio:.2f}   target <= {TARGET_SCALING}: {verdict(ratio <= TARGET_SCALING)}")
+
+    hier = make_hierarchy_case()
+    n_hier = len(hier["rewards"])
+    cases = {"state": dict(hier, mode=args.mode)}
+    for depth in (0, 1, 2, 4):  # the trainer records the last K keys per row
+        keys = [k[len(k) - depth:] if depth else () for k in hier["history_keys"]]
+        cases[depth] = dict(hier, history_keys=keys, mode=args.mode, step_grouping="hierarchical",
+                            hierarchy_depth=depth)
+    times = time_interleaved(cases, args.repeats)
+    t_state = times["state"]
+    print(f"hierarchical (HGPO), {n_hier} rows, CPU time: today's step_grouping='state' {t_state * 1e3:8.2f} ms/call")
+    for depth in (0, 1, 2, 4):
+        kwargs, t_k = cases[depth], times[depth]
+        sizes = compute_gigpo_advantages(**kwargs).level_group_sizes
+        singletons = ", ".join(f"{(sizes[:, k] == 1).mean():.2f}" for k in range(depth + 1))
+        target = (f"   target <= {TARGET_HIERARCHY_RATIO}x: {verdict(t_k / t_state <= TARGET_HIERARCHY_RATIO)}"
+                  if depth == 2 else "")
+        print(f"  K={depth}: {t_k * 1e3:8.2f} ms/call = {t_k / t_state:5.2f}x today"
+              f"   rows alone in G_0..G_K: {singletons}{target}")
 
     sim = make_similarity_case()
     lengths = [len(s) for s in sim["anchor_states"]]

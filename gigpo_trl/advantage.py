@@ -14,6 +14,13 @@ LLM Agent Training* (Feng et al., arXiv 2505.10978), Sec. 3:
 * Sec. 3.3, combined advantage ``A = A_E + omega * A_S`` (``omega = 0`` is
   GRPO's advantage).
 
+Optionally (``step_grouping="hierarchical"``) the step level follows
+*Hierarchy-of-Groups Policy Optimization for Long-Horizon Agentic Tasks*
+(HGPO, He, Feng et al., arXiv 2602.22817): each row belongs to nested step
+groups ``G_0 ⊇ G_1 ⊇ … ⊇ G_K`` of rows that also share the last ``k`` turns
+of history, and ``A_S`` is the adaptively weighted mean of the per-level
+relative advantages (see :func:`compute_gigpo_advantages`).
+
 The numerical conventions follow the reference implementation that produced
 the paper's tables (invalid-action penalty, per-row episode statistics,
 ``mean 0 / std 1`` for a singleton episode group, ``A_S = 0`` for a singleton
@@ -46,6 +53,7 @@ STD_EPS = 1e-6
 
 _MODES = ("mean_norm", "mean_std_norm")
 _EPISODE_STATS = ("rows", "trajectories")
+_STEP_GROUPINGS = ("state", "hierarchical")
 #: Anchor element types used as dictionary keys without conversion.
 _PLAIN_TYPES = frozenset({str, int, float, bool, bytes, complex, type(None)})
 #: Buckets of the hashed character-bigram profiles used to prune fuzzy pairs.
@@ -75,6 +83,11 @@ class AdvantageResult:
     episode_returns : ``R_tau``, undiscounted, unpenalised return of the row's
         trajectory.
     anchor_group_sizes : number of rows in the row's step group (>= 1).
+    level_group_ids : ``(R, K + 1)`` int, column ``k`` the row's HGPO group
+        ``G_k`` (column 0 equals ``anchor_group_ids``); ``K = 0`` for
+        ``step_grouping="state"``. Labels as for ``anchor_group_ids``.
+    level_group_sizes : ``(R, K + 1)`` int, number of rows in each ``G_k``
+        (non-increasing along a row: the groups are nested).
     """
 
     episode_advantages: Any
@@ -84,6 +97,8 @@ class AdvantageResult:
     anchor_group_ids: Any
     episode_returns: Any
     anchor_group_sizes: Any
+    level_group_ids: Any = None
+    level_group_sizes: Any = None
 
 
 # --------------------------------------------------------------------------
@@ -377,6 +392,81 @@ def _similar_anchor_codes(anchor_states: Any, group_codes: np.ndarray, threshold
     return roots[pair_of_row]
 
 
+def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
+    """``(R, depth)`` codes of the rows' history keys, column ``j - 1`` the ``j``-th most recent one.
+
+    ``history_keys[i]`` is a sequence (tuple, list, 1-D array or tensor) of
+    hashable per-turn keys of row ``i``'s own trajectory, oldest first; only
+    its last ``depth`` entries are read. A row with fewer entries (the first
+    turns of an episode) gets ``-1`` ("before the episode start") in the
+    remaining columns. Keys are matched exactly (see :func:`_anchor_key`).
+    """
+    seqs = _to_numpy(history_keys)
+    if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:  # (R, D): D keys per row
+        tail = seqs[:, max(0, seqs.shape[1] - depth):][:, ::-1]  # most recent first
+        codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
+        E = np.full((len(seqs), depth), -1, dtype=np.int64)
+        E[:, : tail.shape[1]] = codes.reshape(tail.shape)
+        return E
+    rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
+    if set(map(type, rows)) <= {tuple, list}:  # the usual case
+        tails = rows
+    else:
+        tails = []
+        for i, h in enumerate(rows):
+            if isinstance(h, (str, bytes)) or not hasattr(h, "__len__"):
+                raise TypeError(
+                    f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), got {type(h).__name__}"
+                )
+            tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h))
+    lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+    if len(tails) and int(lengths.max()) > depth:  # keep the last `depth` keys (the trainer records no more)
+        tails = [h[-depth:] for h in tails]
+        np.minimum(lengths, depth, out=lengths)
+    total = int(lengths.sum())
+    types = set(map(type, itertools.chain.from_iterable(tails)))
+    codes = None
+    if types <= {int}:  # e.g. the trainer's 64-bit hashes: one C pass and a sort, no dictionary
+        try:
+            flat = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=total)
+            codes = np.unique(flat, return_inverse=True)[1].reshape(-1)
+        except OverflowError:  # ints beyond int64: the general path below
+            pass
+    if codes is None:
+        flat = list(itertools.chain.from_iterable(tails))
+        if not types <= _PLAIN_TYPES:
+            try:
+                flat = list(map(_anchor_key, flat))
+            except TypeError as err:
+                raise TypeError(f"history_keys: {err}") from None
+        codes, _ = _factorize_hashables(flat, "history_keys")
+    # the j-th most recent key of row i sits at flat position end_i - j
+    ends = np.cumsum(lengths)
+    E = np.full((len(tails), depth), -1, dtype=np.int64)
+    for j in range(1, depth + 1):
+        has = lengths >= j
+        E[has, j - 1] = codes[ends[has] - j]
+    return E
+
+
+def _context_level_codes(step_codes: np.ndarray, n_steps: int, history_keys: Any, depth: int) -> list:
+    """Codes of the HGPO groups ``G_0 ⊇ G_1 ⊇ … ⊇ G_depth`` (arXiv 2602.22817, context operator ``C_k``).
+
+    ``G_0`` is the step group; ``G_k`` refines ``G_{k-1}`` by the ``k``-th most
+    recent history key, so ``c_k = code(c_{k-1}, e_k)``: one pairing per level,
+    nested by construction. Returns ``[(codes_k, n_k)]`` for ``k = 0..depth``.
+    """
+    levels = [(step_codes, n_steps)]
+    if depth == 0:
+        return levels
+    E = _history_element_codes(history_keys, depth) + 1  # 0: before the episode start
+    n_keys = int(E.max()) + 1
+    for k in range(1, depth + 1):
+        codes, n = levels[-1]
+        levels.append(_dense_codes(codes * n_keys + E[:, k - 1]))
+    return levels
+
+
 # --------------------------------------------------------------------------
 # step 2: discounted returns
 # --------------------------------------------------------------------------
@@ -480,6 +570,33 @@ def _step_advantages(step_scores, step_codes, n_steps, mode):
     return A_S, count
 
 
+def _hierarchical_step_advantages(step_scores, levels, mode, alpha):
+    """A_S over the nested groups ``G_0..G_K`` (HGPO, arXiv 2602.22817).
+
+    ``A_k`` is the step advantage of Sec. 3.2 within ``G_k`` (0 for a
+    singleton); ``A_S = sum_k w_k A_k`` with ``w_k ∝ (k + 1)^alpha`` normalised
+    over the levels whose group holds at least two rows (a row alone in
+    ``G_k`` has no baseline there, and neither at deeper levels). ``K = 0``
+    returns GiGPO's A_S unchanged. Returns ``(A_S, sizes)``, sizes ``(R, K + 1)``.
+    """
+    A_0, count = _step_advantages(step_scores, *levels[0], mode)
+    sizes = [count[levels[0][0]]]
+    if len(levels) == 1:
+        return A_0, np.stack(sizes, axis=1)
+    numerator, denominator = np.zeros(len(step_scores)), np.zeros(len(step_scores))
+    for k, (codes, n) in enumerate(levels):
+        if k:
+            A_k, count = _step_advantages(step_scores, codes, n, mode)
+            sizes.append(count[codes])
+        else:
+            A_k = A_0
+        w_k = (k + 1.0) ** alpha * (sizes[k] > 1)
+        numerator += w_k * A_k
+        denominator += w_k
+    A_S = np.divide(numerator, denominator, out=np.zeros(len(step_scores)), where=denominator > 0)
+    return A_S, np.stack(sizes, axis=1)
+
+
 # --------------------------------------------------------------------------
 # public entry point
 # --------------------------------------------------------------------------
@@ -497,6 +614,10 @@ def compute_gigpo_advantages(
     invalid_action_penalty: float = 0.1,
     episode_stats: str = "rows",
     similarity_threshold: float | None = None,
+    step_grouping: str = "state",
+    hierarchy_depth: int = 2,
+    history_keys: Any = None,
+    hierarchy_alpha: float = 1.0,
 ) -> AdvantageResult:
     """GiGPO advantages ``A = A_E + omega * A_S`` for ``R`` rows (agent turns).
 
@@ -547,6 +668,21 @@ def compute_gigpo_advantages(
         (normalised Indel similarity ``1 - indel(a, b) / (len a + len b)``);
         the grouping is a transitive closure and independent of row order.
         The pairwise matching loops over task groups in Python.
+    step_grouping : {"state", "hierarchical"}
+        ``"state"`` (default): GiGPO's step groups (same task group, same
+        anchor state). ``"hierarchical"``: HGPO's nested groups, see Notes.
+    hierarchy_depth : int >= 0
+        ``K``, the deepest history level of ``"hierarchical"`` (ignored for
+        ``"state"``). ``K = 0`` is GiGPO exactly.
+    history_keys : (R,) sequences of hashable, optional
+        Required for ``"hierarchical"`` with ``K > 0``: per row, the keys of
+        the previous turns of its own trajectory, oldest first (e.g. a hash
+        of each shown (observation, action) pair); at least the last ``K``
+        of them, or all previous turns where the episode is younger. An
+        ``(R, D)`` array/tensor is read as ``D`` keys per row.
+    hierarchy_alpha : float >= 0
+        ``alpha`` of the level weights ``w_k ∝ (k + 1)^alpha`` (1.0 in the
+        paper's scripts; 0 weighs all levels equally).
 
     Returns
     -------
@@ -563,6 +699,34 @@ def compute_gigpo_advantages(
       row), minus the row's own penalty; ``A_S`` normalises it over the step
       group (rows of one task group with the same anchor state, Sec. 3.2).
       A singleton step group gets ``A_S = 0``; equal members give exactly 0.
+    * ``step_grouping="hierarchical"`` (HGPO, arXiv 2602.22817):
+      the k-step context operator ``C_k(s_t) = (h_{t-k}, …, h_{t-1}, s_t)``
+      joins the anchor state with the row's last ``k`` history keys ``h``
+      (our trainer: the (observation, action) pairs the prompt shows, which
+      is exactly the prompt's history when ``k <= history_length``). The
+      hierarchical groups ``G_k(i) = {j in task group : C_k(j) = C_k(i)}``
+      are nested, ``G_0 ⊇ G_1 ⊇ … ⊇ G_K``, ``G_0`` being GiGPO's step
+      group. Each level gives ``A_k`` (the A_S formula within ``G_k``) and
+      ``A_S = sum_k w_k A_k`` with ``w_k = (k+1)^alpha / sum_j (j+1)^alpha``
+      (the paper's adaptive weights: finer, more consistent groups weigh
+      more). The paper's own text was not available to us (only summaries
+      quoting ``C_k``, the nested groups and ``w_k``); our choices: (a) the
+      sum over ``j`` runs over the levels where the row's group has at
+      least two members (a singleton level carries no baseline; nesting
+      makes these levels ``0..k*``), a row alone already in ``G_0`` gets
+      ``A_S = 0`` as in GiGPO; (b) at the first turns of an episode
+      (``t < k``) the context is the whole shorter history, so such a row
+      shares ``G_k`` only with rows at the same turn with the same full
+      history (the same prompt); (c) ``A_E`` and ``omega`` stay as in
+      GiGPO, so ``A = A_E + omega * A_S`` (K = 0 reproduces GiGPO bit for
+      bit); (d) per-level statistics as GiGPO's (Bessel-corrected std).
+      The authors' verl-agent recipe (``recipe/hgpo/core_hgpo.py``, as read
+      in a fork) differs: its context is the observation sequence only
+      (no actions); a row with ``t < k`` has no level-``k`` group; levels
+      with ``A_k == 0`` (not only singletons) leave the weights; its level
+      weights are ``(k + 2)^alpha`` in our numbering; population std; and
+      by default no episode term (``base_group=False``).
+      Cost: one pairing of codes per level (``O(R)`` plus a sort).
 
     Raises
     ------
@@ -571,11 +735,15 @@ def compute_gigpo_advantages(
         ``rewards``, ``gamma`` outside [0, 1], non-finite
         ``step_advantage_weight`` / ``invalid_action_penalty``, unknown
         ``mode`` or ``episode_stats``, ``similarity_threshold`` outside
-        (0, 1), non-boolean ``action_valid``.
+        (0, 1), non-boolean ``action_valid``, unknown ``step_grouping``,
+        negative ``hierarchy_depth`` or ``hierarchy_alpha``, missing
+        ``history_keys`` (or of the wrong length) for ``"hierarchical"``.
     TypeError
         Unhashable ``group_ids`` / ``trajectory_ids`` / ``anchor_states``,
         non-str ``anchor_states`` with a ``similarity_threshold``, non-numeric
-        scalar arguments or ``rewards``.
+        scalar arguments or ``rewards``, non-int ``hierarchy_depth``, a
+        ``history_keys`` entry that is not a sequence (e.g. a ``str``) or
+        holds unhashable keys.
     """
     # ---- validation -----------------------------------------------------
     if mode not in _MODES:
@@ -589,8 +757,23 @@ def compute_gigpo_advantages(
         similarity_threshold = _as_scalar(similarity_threshold, "similarity_threshold")
         if not 0.0 < similarity_threshold < 1.0:
             raise ValueError(f"similarity_threshold must be in (0, 1), got {similarity_threshold!r}")
+    if step_grouping not in _STEP_GROUPINGS:
+        raise ValueError(f"step_grouping must be one of {_STEP_GROUPINGS}, got {step_grouping!r}")
+    if isinstance(hierarchy_depth, bool) or not isinstance(hierarchy_depth, (int, np.integer)):
+        raise TypeError(f"hierarchy_depth must be an int >= 0, got {type(hierarchy_depth).__name__}")
+    if hierarchy_depth < 0:
+        raise ValueError(f"hierarchy_depth must be an int >= 0, got {hierarchy_depth!r}")
+    alpha = _as_scalar(hierarchy_alpha, "hierarchy_alpha", 0.0)
+    depth = int(hierarchy_depth) if step_grouping == "hierarchical" else 0
     r = _as_rewards(rewards)
     n = len(r)
+    if depth > 0:
+        if history_keys is None:
+            raise ValueError(
+                "history_keys is required when step_grouping='hierarchical' and hierarchy_depth > 0 (the per-turn "
+                "history keys of each row's trajectory, oldest first)"
+            )
+        _check_length(history_keys, "history_keys", n)
     _check_length(group_ids, "group_ids", n)
     _check_length(trajectory_ids, "trajectory_ids", n)
     _check_length(anchor_states, "anchor_states", n)
@@ -599,7 +782,8 @@ def compute_gigpo_advantages(
     if n == 0:
         empty = np.zeros(0)
         ids = np.zeros(0, dtype=np.int64)
-        return _package(rewards, empty, empty, empty, empty, ids, empty, ids)
+        levels = np.zeros((0, depth + 1), dtype=np.int64)
+        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels))
 
     # ---- step 1: codes ----------------------------------------------------
     group_codes, n_groups = _factorize(group_ids, "group_ids")
@@ -610,6 +794,7 @@ def compute_gigpo_advantages(
         step_codes, n_steps = _pair_codes(group_codes, anchor_codes, n_anchors)  # never across groups
     else:
         step_codes, n_steps = _dense_codes(_similar_anchor_codes(anchor_states, group_codes, similarity_threshold))
+    levels = _context_level_codes(step_codes, n_steps, history_keys, depth)  # G_0 ⊇ … ⊇ G_K (HGPO)
 
     # ---- step 2: returns and penalties -----------------------------------
     row_penalty = penalty * (~valid)
@@ -621,12 +806,13 @@ def compute_gigpo_advantages(
     A_E = _episode_advantages(
         episode_returns - row_penalty, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats
     )
-    A_S, step_sizes = _step_advantages(G, step_codes, n_steps, mode)
+    A_S, level_sizes = _hierarchical_step_advantages(G, levels, mode, alpha)
     A = A_E + omega * A_S
-    return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, step_sizes[step_codes])
+    level_ids = np.stack([codes for codes, _ in levels], axis=1)
+    return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, level_sizes[:, 0], (level_ids, level_sizes))
 
 
-def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes) -> AdvantageResult:
+def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels=(None, None)) -> AdvantageResult:
     """Wrap outputs as numpy float64 or torch tensors matching ``rewards``."""
     floats = (A_E, A_S, A, G, episode_returns)
     if isinstance(rewards, torch.Tensor):
@@ -634,6 +820,8 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes) -> Adv
         dev = rewards.device
         floats = tuple(torch.from_numpy(np.ascontiguousarray(f)).to(device=dev, dtype=dtype) for f in floats)
         step_codes, sizes = (torch.from_numpy(np.asarray(v, dtype=np.int64)).to(dev) for v in (step_codes, sizes))
+        levels = tuple(None if v is None else torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(dev)
+                       for v in levels)
     else:
         step_codes, sizes = np.asarray(step_codes, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     A_E, A_S, A, G, episode_returns = floats
@@ -645,4 +833,6 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes) -> Adv
         anchor_group_ids=step_codes,
         episode_returns=episode_returns,
         anchor_group_sizes=sizes,
+        level_group_ids=levels[0],
+        level_group_sizes=levels[1],
     )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
+STEP_GROUPINGS = ("state", "hierarchical")
 
 
 @dataclass
@@ -37,6 +39,12 @@ class GiGPOConfig(GRPOConfig):
         anchor_similarity_threshold (`float` or `None`, *optional*, defaults to `None`):
             `None` groups rows whose anchor states are identical; a value in (0, 1) merges anchor texts at least
             that similar (see `compute_gigpo_advantages`).
+        step_grouping (`str`, *optional*, defaults to `"state"`):
+            Step groups of A_S: `"state"` (GiGPO: same anchor state) or `"hierarchical"` (HGPO, arXiv 2602.22817:
+            nested groups that also share the last k = 1..`hierarchy_depth` turns of history, their advantages
+            combined with weights ∝ (k+1)).
+        hierarchy_depth (`int`, *optional*, defaults to `2`):
+            K, the deepest history level of `step_grouping="hierarchical"`; `0` is GiGPO. Ignored for `"state"`.
 
         > Parameters that control the rollout
 
@@ -89,6 +97,16 @@ class GiGPOConfig(GRPOConfig):
     anchor_similarity_threshold: float | None = field(
         default=None,
         metadata={"help": "None: exact anchor-state match. A value in (0, 1): merge anchor texts at least that similar."},
+    )
+    step_grouping: str = field(
+        default="state",
+        metadata={"help": "Step groups of A_S: 'state' (GiGPO, same anchor state) or 'hierarchical' (HGPO: nested "
+                          "groups that also share the last 1..hierarchy_depth turns of history).",
+                  "choices": list(STEP_GROUPINGS)},
+    )
+    hierarchy_depth: int = field(
+        default=2,
+        metadata={"help": "K, the deepest history level of step_grouping='hierarchical'; 0 is GiGPO."},
     )
     # Rollout
     max_turns: int = field(default=50, metadata={"help": "T, the turn limit of an episode."})
@@ -155,6 +173,18 @@ class GiGPOConfig(GRPOConfig):
         if self.anchor_similarity_threshold is not None and not 0.0 < self.anchor_similarity_threshold < 1.0:
             raise ValueError(
                 f"anchor_similarity_threshold must be None or in (0, 1), got {self.anchor_similarity_threshold}"
+            )
+        if self.step_grouping not in STEP_GROUPINGS:
+            raise ValueError(f"step_grouping must be one of {list(STEP_GROUPINGS)}, got {self.step_grouping!r}")
+        if isinstance(self.hierarchy_depth, bool) or not isinstance(self.hierarchy_depth, int) or self.hierarchy_depth < 0:
+            raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
+        if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
+            warnings.warn(
+                f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "
+                f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
+                "hierarchy_depth <= history_length, e.g. both 2)",
+                UserWarning,
+                stacklevel=2,
             )
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")

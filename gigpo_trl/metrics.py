@@ -59,3 +59,25 @@ def anchor_metrics(anchor_group_ids: np.ndarray, prefix: str = "anchor") -> dict
         label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f"{lo}+")
         out[f"{prefix}/size_hist/{label}"] = float(in_bucket.mean())
     return out
+
+
+def level_metrics(level_group_ids: np.ndarray, prefix: str = "anchor") -> dict[str, float]:
+    """Sizes of the HGPO groups per level (arXiv 2602.22817): ``{prefix}/level_<k>/num_groups``,
+    ``…/group_size_mean`` (mean size of a group), ``…/row_group_size_mean`` (size of the group a row sits in, on
+    average over rows) and ``…/singleton_fraction`` (fraction of groups with one row, whose A_k is 0), for
+    ``k = 0..K``; level 0 repeats GiGPO's step groups.
+
+    ``level_group_ids``: (R, K + 1) int, column ``k`` the group ``G_k`` of each row.
+    """
+    ids = np.asarray(level_group_ids)
+    if ids.size == 0:
+        return {}
+    out = {}
+    for k in range(ids.shape[1]):
+        _, sizes = np.unique(ids[:, k], return_counts=True)
+        level = f"{prefix}/level_{k}"
+        out[f"{level}/num_groups"] = float(sizes.size)
+        out[f"{level}/group_size_mean"] = float(sizes.mean())
+        out[f"{level}/row_group_size_mean"] = float((sizes**2).sum() / sizes.sum())
+        out[f"{level}/singleton_fraction"] = float((sizes == 1).mean())
+    return out

@@ -16,6 +16,7 @@ error and contributes no training rows, so its group's statistics are computed o
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,13 @@ from .prompts import build_messages
 logger = logging.getLogger(__name__)
 
 DEFAULT_ENV_KEY = "default"
+
+
+def history_pair_hash(observation: str, action: str) -> int:
+    """Stable signed 64-bit hash of one shown (observation, action) pair: equal on every rank and run (Python's
+    ``hash`` of a ``str`` is salted per process), small to gather; a collision needs ~2**32 distinct pairs."""
+    data = f"{len(observation)}:{observation}{action}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 @dataclass
@@ -48,6 +56,9 @@ class StepRow:
     task_type: str | None = None
     completion_text: str = ""
     prompt_messages: list[dict] | None = None
+    # Stable 64-bit hashes of the previous (observation, action) pairs of this trajectory, oldest first, at most
+    # `history_key_depth` of them (HGPO's k-step contexts); () when the collector records none.
+    history_key: tuple[int, ...] = ()
 
 
 @dataclass
@@ -99,6 +110,8 @@ class RolloutCollector:
         progress: show a per-turn tqdm bar.
         require_think: mark completions without ``<think>`` invalid.
         templates: ``{name: env instance}`` already built by the caller, used as that env's probe instance.
+        history_key_depth: record in each row's ``history_key`` the hashes of up to this many previous
+            (observation, action) pairs (HGPO contexts, see :func:`history_pair_hash`); ``0`` records none.
     """
 
     def __init__(
@@ -116,6 +129,7 @@ class RolloutCollector:
         progress: bool = False,
         require_think: bool = True,
         templates: Mapping[str, Any] | None = None,
+        history_key_depth: int = 0,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -131,6 +145,7 @@ class RolloutCollector:
         self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
+        self.history_key_depth = history_key_depth
         self.pools = {
             name: EnvPool(factory, num_workers=num_env_workers, step_timeout=step_timeout)
             for name, factory in self.env_factories.items()
@@ -265,7 +280,7 @@ class RolloutCollector:
             record = TrajectoryRecord((trajectory_prefix, i), group_ids[i], row["task"], row.get("task_type"))
             batch.trajectories.append(record)
             states.append({"key": key, "task": row["task"], "seed": row.get("seed"), "record": record,
-                           "history": [], "done": False, "limit": self._turn_limit(key)})
+                           "history": [], "done": False, "limit": self._turn_limit(key), "context": []})
 
         # Reset: slot j of pool `key` runs task by_key[key][j].
         for key, idxs in by_key.items():
@@ -335,11 +350,14 @@ class RolloutCollector:
                     trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
                     reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
                     completion_text=text, prompt_messages=messages,
+                    history_key=tuple(st["context"][-self.history_key_depth:]) if self.history_key_depth else (),
                 ))
                 record.num_turns += 1
                 record.episode_return += float(res.reward)
                 record.num_invalid += int(not valid)
                 st["history"].append((str(st["observation"]), parsed.action))
+                if self.history_key_depth:
+                    st["context"].append(history_pair_hash(*st["history"][-1]))
                 st["observation"], st["anchor"] = res.observation, res.anchor
                 st["admissible"] = res.info.get("admissible_actions", st["admissible"])
                 if done:

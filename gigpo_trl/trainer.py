@@ -28,7 +28,7 @@ from trl.trainer.utils import pad, use_adapter
 from .advantage import compute_gigpo_advantages
 from .config import GiGPOConfig
 from .envs import get_env_class
-from .metrics import anchor_metrics, episode_metrics
+from .metrics import anchor_metrics, episode_metrics, level_metrics
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
@@ -151,6 +151,7 @@ class GiGPOTrainer(GRPOTrainer):
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built above; not twice at start-up
+            history_key_depth=args.hierarchy_depth if args.step_grouping == "hierarchical" else 0,
         )
         self._check_first_prompt(train_dataset)
 
@@ -240,12 +241,12 @@ class GiGPOTrainer(GRPOTrainer):
 
         # GiGPO advantages over whole task groups: gather every rank's row keys, compute, keep the local slice.
         t1 = time.perf_counter()
-        keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in rows]
+        keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
         all_keys = gather_object(keys) if self.accelerator.num_processes > 1 else keys
         counts = gather_object([len(rows)]) if self.accelerator.num_processes > 1 else [len(rows)]
         start = sum(counts[:rank])
         if all_keys:
-            groups, trajs, anchors, rewards, valid = zip(*all_keys)
+            groups, trajs, anchors, rewards, valid, histories = zip(*all_keys)
             result = compute_gigpo_advantages(
                 rewards=np.asarray(rewards, dtype=np.float64),
                 group_ids=list(groups),
@@ -258,6 +259,9 @@ class GiGPOTrainer(GRPOTrainer):
                 invalid_action_penalty=self.args.invalid_action_penalty,
                 episode_stats=self.args.episode_stats,
                 similarity_threshold=self.args.anchor_similarity_threshold,
+                step_grouping=self.args.step_grouping,
+                hierarchy_depth=self.args.hierarchy_depth,
+                history_keys=list(histories),
             )
             advantages = np.asarray(result.advantages, dtype=np.float32)[start : start + len(rows)]
         else:
@@ -408,6 +412,8 @@ class GiGPOTrainer(GRPOTrainer):
         metrics = episode_metrics(all_trajs)
         if result is not None:
             metrics.update(anchor_metrics(result.anchor_group_ids))
+            if self.args.step_grouping == "hierarchical":
+                metrics.update(level_metrics(result.level_group_ids))
         lengths = [len(r.completion_ids) for r in rows]
         totals = torch.tensor(
             [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device
