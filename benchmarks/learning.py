@@ -156,9 +156,10 @@ class LocalViewFrozenLake(FrozenLakeEnv):
 # Settings per testbed; any --flag given on the command line overrides them.
 TESTBEDS = {
     "corridor": dict(
-        env="corridor", length=12, max_turns=30, walk_turns=36, history_length=1, iterations=30, eval_every=5,
+        env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=1, iterations=30,
+        eval_every=5,
         groups=4, num_generations=8, spg=4, lr=1e-3, gamma=0.95, train_tasks=256, eval_tasks=32,
-        warmup_steps=500, seeds=[0, 1, 2, 3, 4], think=True, max_completion_length=10,
+        warmup_steps=200, seeds=[0, 1, 2, 3, 4], think=True, max_completion_length=10,
     ),
     "frozenlake4": dict(
         env="frozenlake", map_size=4, p=0.8, max_turns=10, walk_turns=10, history_length=0, iterations=100,
@@ -170,7 +171,7 @@ TESTBEDS = {
 
 def env_factory_for(a):
     if a.env == "corridor":
-        return functools.partial(CompactCorridor, length=a.length, max_turns=a.max_turns)
+        return functools.partial(CompactCorridor, length=a.length, max_turns=a.max_turns, directions=a.directions)
     return functools.partial(LocalViewFrozenLake, size=a.map_size, p=a.p, max_turns=a.max_turns)
 
 
@@ -304,6 +305,7 @@ class AnchorRecorder:
     def __init__(self):
         self.mode = "train"
         self.iterations: list[np.ndarray] = []
+        self.deepest: list[np.ndarray] = []  # HGPO: sizes of the deepest level's groups G_K
         self._orig = trainer_module.compute_gigpo_advantages
 
     def install(self):
@@ -313,6 +315,9 @@ class AnchorRecorder:
             result = orig(*args, **kwargs)
             if self.mode == "train":
                 self.iterations.append(np.asarray(result.anchor_group_sizes, dtype=np.int64).copy())
+                levels = getattr(result, "level_group_sizes", None)
+                if levels is not None and np.ndim(levels) == 2:
+                    self.deepest.append(np.asarray(levels, dtype=np.int64)[:, -1].copy())
             return result
 
         trainer_module.compute_gigpo_advantages = wrapped  # the name trainer.py calls
@@ -446,7 +451,7 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         wall = time.perf_counter() - t0
         series = iteration_series(trainer.state.log_history)
         trainer.collector.close()
-        sizes = RECORDER.iterations
+        sizes, deepest = RECORDER.iterations, RECORDER.deepest
     finally:
         trainer_module.compute_gigpo_advantages = RECORDER._orig
         RECORDER = None
@@ -465,6 +470,9 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
                                    "rows_in_groups_ge2": float((pooled >= 2).mean()),
                                    "row_size_hist": row_size_hist(pooled),
                                    "row_group_size_mean": float(pooled.mean())}
+            if len(deepest) == len(sizes):
+                anchor_phases[name]["deepest_level_rows_in_groups_ge2"] = float(
+                    (np.concatenate([deepest[i] for i in idx]) >= 2).mean())
     result = {
         "arm": arm, "fields": ARMS[arm], "seed": seed, "points": points,
         "headline_sampled": float(np.mean([p["sampled"] for p in last3])),
@@ -558,9 +566,12 @@ def report(results, seeds, arms, a):
                 continue
             hist = {k: np.mean([p["row_size_hist"].get(k, 0.0) for p in ps]) for k in ps[0]["row_size_hist"]}
             sg = [p["singleton_group_fraction"] for p in ps if p["singleton_group_fraction"] is not None]
+            deep = [p["deepest_level_rows_in_groups_ge2"] for p in ps
+                    if "deepest_level_rows_in_groups_ge2" in p and ARMS[arm].get("step_grouping") == "hierarchical"]
             lines.append(f"  {arm:5s} {phase:6s} {ps[0]['iterations'][0]:>3}-{ps[0]['iterations'][1]:<3} "
                          f"{np.mean(sg) if sg else float('nan'):6.3f} {np.mean([p['rows_in_groups_ge2'] for p in ps]):7.3f} "
-                         + " ".join(f"{v:5.3f}" for v in hist.values()))
+                         + " ".join(f"{v:5.3f}" for v in hist.values())
+                         + (f"   deepest HGPO level: rows>=2 {np.mean(deep):.3f}" if deep else ""))
     return "\n".join(lines), gaps
 
 
@@ -594,7 +605,7 @@ def plot(results, seeds, arms, a, path):
         tr = [np.asarray(results[(s, arm)]["series"]["episode/success_rate"]) for s in seeds]
         n = min(map(len, tr))
         if n:
-            k = 5
+            k = min(5, n)
             sm = [np.convolve(t[:n], np.ones(k) / k, mode="valid") for t in tr]
             band(axes[2], np.arange(k, n + 1), sm, colors[arm], arm)
     name = f"corridor, {a.length} rooms" if a.env == "corridor" else f"FrozenLake {a.map_size}x{a.map_size}"
@@ -615,7 +626,7 @@ def plot(results, seeds, arms, a, path):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--testbed", default="corridor", choices=sorted(TESTBEDS))
-    p.add_argument("--quick", action="store_true", help="<= 3-minute smoke version (1 seed, 12 iterations)")
+    p.add_argument("--quick", action="store_true", help="<= 3-minute smoke version (1 seed, 4 iterations, 16 eval tasks)")
     p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=None,
                    help="arms to run (default: GiGPO GRPO, plus HGPO when GiGPOConfig has step_grouping)")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -628,6 +639,7 @@ def parse_args(argv=None):
     p.add_argument("--num_generations", type=int, help="rollouts per group (N)")
     p.add_argument("--spg", type=int, help="steps_per_generation (optimizer steps per iteration)")
     p.add_argument("--length", type=int, help="corridor: number of rooms")
+    p.add_argument("--directions", type=int, choices=[2, 4], help="corridor: doors left/right (2) or anywhere (4)")
     p.add_argument("--map_size", type=int, help="frozenlake: side of the map")
     p.add_argument("--p", type=float, help="frozenlake: probability that a cell is frozen")
     p.add_argument("--max_turns", type=int)
@@ -645,6 +657,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=600)
+    p.add_argument("--report_only", action="store_true",
+                   help="no training: report the runs already in OUTPUT_DIR/runs.jsonl (e.g. of a cut run)")
     p.add_argument("--warmup_steps", type=int)
     p.add_argument("--warmup_batch", type=int, default=32)
     p.add_argument("--warmup_lr", type=float, default=3e-3)
@@ -652,16 +666,16 @@ def parse_args(argv=None):
     for key, value in TESTBEDS[a.testbed].items():
         if getattr(a, key, None) is None:
             setattr(a, key, value)
-    for key in ("length", "map_size", "p"):
+    for key in ("length", "directions", "map_size", "p"):
         if getattr(a, key) is None:
             setattr(a, key, 0)
     a.arms = a.arms or default_arms()
     if a.quick:
         a.seeds = a.seeds[:1]
-        a.iterations = min(a.iterations, 12)
-        a.eval_every = min(a.eval_every, 4)
-        a.eval_tasks = min(a.eval_tasks, 32)
-        a.warmup_steps = min(a.warmup_steps, 300)
+        a.iterations = min(a.iterations, 4)
+        a.eval_every = min(a.eval_every, 2)
+        a.eval_tasks = min(a.eval_tasks, 16)
+        a.warmup_steps = min(a.warmup_steps, 100)
     if a.results_dir is None:
         a.results_dir = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
                          if not a.quick and a.testbed == "corridor" else a.output_dir)
@@ -701,22 +715,52 @@ def main(argv=None) -> int:
           f"{len(tok.encode(completion_text('right', a.think)))} + eos", flush=True)
 
     warm = functools.partial(warm_up_seed, a=a, tok=tok, env_factory=env_factory, train_tasks=train_tasks, out=out)
-    jobs = [(seed, arm) for seed in a.seeds for arm in a.arms]
+    # GiGPO and GRPO of every seed first (they run side by side on the two workers), further arms after them, so a
+    # run cut short still has the main comparison on as many seeds as possible (see --report_only).
+    first = [arm for arm in a.arms if arm in ("GiGPO", "GRPO")]
+    jobs = [(seed, arm) for seed in a.seeds for arm in first] + [
+        (seed, arm) for arm in a.arms if arm not in first for seed in a.seeds]
     job = functools.partial(arm_job, a=a, tok=tok, env_factory=env_factory, train_ds=train_ds, eval_ds=eval_ds,
                             out=out)
-    if a.workers > 1:
+    runs_log = out / "runs.jsonl"  # one line per finished (seed, arm) run, so a cut run still has its results
+    if not a.report_only:
+        runs_log.write_text("")
+
+    def record(result):
+        with runs_log.open("a") as f:
+            f.write(json.dumps(result, default=float) + "\n")
+        return result
+
+    if a.report_only:
+        warmups = json.loads((out / "warmups.json").read_text()) if (out / "warmups.json").exists() else {}
+    elif a.workers > 1:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(min(a.workers, len(jobs))) as pool:
             warmups = dict(zip(a.seeds, pool.map(warm, a.seeds, chunksize=1)))
-            done = pool.map(job, jobs, chunksize=1)
+            (out / "warmups.json").write_text(json.dumps(warmups, default=float))
+            for result in pool.imap_unordered(job, jobs, chunksize=1):
+                record(result)
     else:
         warmups = {seed: warm(seed) for seed in a.seeds}
-        done = [job(j) for j in jobs]
-    results = dict(zip(jobs, done))
+        (out / "warmups.json").write_text(json.dumps(warmups, default=float))
+        for j in jobs:
+            record(job(j))
+    results = {}
+    for line in runs_log.read_text().splitlines():
+        r = json.loads(line)
+        results[(r["seed"], r["arm"])] = r
+    seeds = [s for s in a.seeds if all((s, arm) in results for arm in a.arms)]
+    if len(seeds) < len(a.seeds):
+        print(f"runs finished for all arms on seeds {seeds} only (of {a.seeds}); the report covers those")
+    if not seeds:
+        return 1
+    write_report(a, results, seeds, warmups, time.perf_counter() - t_all, res_dir)
+    return 0
 
-    table, gaps = report(results, a.seeds, a.arms, a)
-    total = time.perf_counter() - t_all
+
+def write_report(a, results, seeds, warmups, total, res_dir):
+    table, gaps = report(results, seeds, a.arms, a)
     print()
     print(table)
     print(f"\ntotal wall time: {total:.0f}s ({a.workers} worker processes)")
@@ -724,21 +768,20 @@ def main(argv=None) -> int:
     payload = {
         "gap_pp": main_gap["gap_pp"] if main_gap else None,
         "ci95_pp": main_gap["ci95_pp"] if main_gap else None,
-        "seeds": a.seeds,
+        "seeds": seeds,
         "headline": (f"GiGPO - GRPO held-out success on {a.testbed} (sampled T=1, mean of the last 3 evaluations, "
-                     f"{len(a.seeds)} seeds, paired): {main_gap['gap_pp']:+.1f} pp, 95% t interval "
+                     f"{len(seeds)} seeds, paired): {main_gap['gap_pp']:+.1f} pp, 95% t interval "
                      f"[{main_gap['ci95_pp'][0]:+.1f}, {main_gap['ci95_pp'][1]:+.1f}]") if main_gap else None,
         "gaps": gaps,
         "per_seed": {str(s): {arm: {k: results[(s, arm)][k] for k in (
             "headline_sampled", "headline_greedy", "iters_to_50pct_train", "env_steps", "generated_tokens",
-            "wall_seconds")} for arm in a.arms} for s in a.seeds},
+            "wall_seconds")} for arm in a.arms} for s in seeds},
         "settings": vars(a), "arms": {arm: ARMS[arm] for arm in a.arms}, "warmup": warmups,
-        "total_seconds": total, "runs": [results[j] for j in jobs], "table": table,
+        "total_seconds": total, "runs": [results[(s, arm)] for s in seeds for arm in a.arms], "table": table,
     }
     (res_dir / "learning.json").write_text(json.dumps(payload, indent=1, default=float))
-    plot(results, a.seeds, a.arms, a, res_dir / "learning_curve.png")
+    plot(results, seeds, a.arms, a, res_dir / "learning_curve.png")
     print(f"json: {res_dir / 'learning.json'}")
-    return 0
 
 
 if __name__ == "__main__":

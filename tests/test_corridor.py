@@ -122,3 +122,23 @@ def test_bad_constructor_values_named():
         CorridorEnv(length=0)
     with pytest.raises(ValueError, match="max_turns must be >= 1"):
         CorridorEnv(max_turns=0)
+
+
+def test_left_right_variant_used_by_the_learning_benchmark():
+    env = CorridorEnv(directions=2, max_turns=30)
+    obs, info = env.reset(0, 0)
+    assert obs == "room 1: left niche, right arch" and info["admissible_actions"] == ["left", "right"]
+    assert info["task_type"] == "corridor12-lr"
+    assert generate_corridor(0, 12, 2)[:2] == (Room("right", "arch", "left", "niche"),
+                                                Room("left", "stairs", "right", "niche"))
+    rooms = [r for i in range(100) for r in generate_corridor(i, 12, 2)]
+    assert {(r.passage, r.dead_end) for r in rooms} == {("left", "right"), ("right", "left")}
+    obs, *_ = env.step("left")
+    assert obs == "niche off room 1: right way out" and env.legal_moves() == ["right"]
+    assert env.step("up")[0] == obs  # up/down are walls everywhere
+    assert env.step("right")[0] == "room 1: left niche, right arch"
+    assert len(env.shortest_path_actions()) == 12
+    train_layouts = {generate_corridor(i, 12, 2) for i in TRAIN_IDS}
+    assert not any(generate_corridor(i, 12, 2) in train_layouts for i in EVAL_IDS)
+    with pytest.raises(ValueError, match="directions must be 2"):
+        CorridorEnv(directions=3)
