@@ -156,7 +156,7 @@ class LocalViewFrozenLake(FrozenLakeEnv):
 # Settings per testbed; any --flag given on the command line overrides them.
 TESTBEDS = {
     "corridor": dict(
-        env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=1, iterations=30,
+        env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=2, iterations=30,
         eval_every=5,
         groups=4, num_generations=8, spg=4, lr=1e-3, gamma=0.95, train_tasks=256, eval_tasks=32,
         warmup_steps=200, seeds=[0, 1, 2, 3, 4], think=True, max_completion_length=10,
