@@ -493,16 +493,21 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
 def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
     """Legal-move warm-up of one seed's policy; the weights are saved to ``out/seed{seed}/init`` for every arm."""
     torch.set_num_threads(1)
+    init_dir = out / f"seed{seed}" / "init"
+    if a.reuse_warmup and (init_dir / "warmup_stats.json").exists():  # same settings assumed (see --help)
+        print(f"seed {seed}: warm-up weights reused from {init_dir}", flush=True)
+        return json.loads((init_dir / "warmup_stats.json").read_text()) | {"reused": True}
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     loss, secs = legal_move_warmup(model, tok, a, env_factory, train_tasks, seed)
     check = check_warmup(model, tok, a, env_factory, train_tasks, seed=seed)
-    init_dir = out / f"seed{seed}" / "init"
     model.save_pretrained(init_dir)
     tok.save_pretrained(init_dir)
     print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {a.warmup_steps} steps in {secs:.0f}s, loss "
           f"{loss:.3f}; sampled: {check}", flush=True)
-    return {"loss": loss, "seconds": secs, "params": n_params} | check
+    stats = {"loss": loss, "seconds": secs, "params": n_params} | check
+    (init_dir / "warmup_stats.json").write_text(json.dumps(stats))
+    return stats
 
 
 def arm_job(job, a, tok, env_factory, train_ds, eval_ds, out):
@@ -659,6 +664,9 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=600)
     p.add_argument("--report_only", action="store_true",
                    help="no training: report the runs already in OUTPUT_DIR/runs.jsonl (e.g. of a cut run)")
+    p.add_argument("--reuse_warmup", action="store_true",
+                   help="load a seed's warm-up weights from OUTPUT_DIR/seedS/init when a run with the same "
+                        "settings left them there")
     p.add_argument("--warmup_steps", type=int)
     p.add_argument("--warmup_batch", type=int, default=32)
     p.add_argument("--warmup_lr", type=float, default=3e-3)
