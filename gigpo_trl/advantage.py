@@ -23,8 +23,10 @@ relative advantages (see :func:`compute_gigpo_advantages`).
 
 The numerical conventions follow the reference implementation that produced
 the paper's tables (invalid-action penalty, per-row episode statistics,
-``mean 0 / std 1`` for a singleton episode group, ``A_S = 0`` for a singleton
-step group, ``1e-6`` added to the standard deviation).
+``A_S = 0`` for a singleton step group, ``1e-6`` added to the standard
+deviation), except for a task group left with one trajectory: ``A_E = A_S =
+0`` there, where the reference would pass the raw return through (see
+:func:`compute_gigpo_advantages`, Notes).
 
 This module depends on numpy, torch and rapidfuzz only (no Trainer) and is
 vectorised: group statistics are segment reductions (``np.bincount``), the
@@ -228,13 +230,31 @@ class _Tag:
 
 
 _NDARRAY, _LIST, _DICT, _SET = _Tag("ndarray"), _Tag("list"), _Tag("dict"), _Tag("set")
+_NAN = _Tag("nan")  # every NaN is one anchor value: identity, payload and sign must not matter (pickling)
+
+
+def _float_key(v: float) -> Any:
+    """NaN -> one key; ``-0.0`` -> ``0.0`` (equal as numbers, so one key in every container)."""
+    return _NAN if v != v else v + 0.0
+
+
+def _canonical_floats(x: np.ndarray) -> np.ndarray:
+    """A float/complex array with one NaN bit pattern and ``-0.0`` as ``0.0``, so equal values give equal bytes."""
+    if x.dtype.kind == "c":
+        out = np.empty_like(x)
+        out.real, out.imag = _canonical_floats(x.real), _canonical_floats(x.imag)
+        return out
+    return np.where(np.isnan(x), np.array(np.nan, dtype=x.dtype), x + x.dtype.type(0))
 
 
 def _anchor_key(x: Any) -> Any:
     """Stable hashable key of one raw observation (exact anchor matching).
 
     * ``str``/``bytes``/numbers/``None``/other hashable objects: the object
-      itself (Python equality; note ``1 == 1.0``).
+      itself (Python equality; note ``1 == 1.0``), except that floats are
+      compared by value: every NaN equals every NaN (not only itself, an
+      identity that pickling to and from env workers breaks) and ``-0.0``
+      equals ``0.0``, alone and inside any container or array.
     * ``numpy.ndarray`` / ``torch.Tensor``: ``(shape, dtype, raw bytes)``, so
       equal arrays match and arrays of different shape or dtype never do.
     * ``tuple``: tuple of keys; ``list``: likewise, tagged (a list never equals
@@ -244,6 +264,12 @@ def _anchor_key(x: Any) -> Any:
     Raises ``TypeError`` for anything else that is unhashable.
     """
     tx = type(x)
+    if tx is float:
+        return _float_key(x)
+    if isinstance(x, np.floating):
+        return _float_key(float(x) if x.itemsize <= 8 else x)
+    if tx is complex or isinstance(x, np.complexfloating):
+        return (_NAN, _float_key(x.real), _float_key(x.imag)) if x != x else x
     if tx in _PLAIN_TYPES:
         return x
     if isinstance(x, torch.Tensor):
@@ -251,6 +277,8 @@ def _anchor_key(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         if x.dtype == object:
             return (_NDARRAY, x.shape, "O", tuple(map(_anchor_key, x.ravel().tolist())))
+        if x.dtype.kind in "fc":
+            x = _canonical_floats(x)
         return (_NDARRAY, x.shape, x.dtype.str, np.ascontiguousarray(x).tobytes())
     if isinstance(x, tuple):
         return tuple(map(_anchor_key, x))
@@ -273,13 +301,15 @@ def _exact_anchor_codes(anchor_states: Any) -> tuple[np.ndarray, int]:
     if isinstance(anchors, np.ndarray) and anchors.dtype != object:
         if anchors.ndim == 1:  # numbers or fixed-width strings
             return _factorize(anchors, "anchor_states")
-        # (R, ...) numeric array: each row is an ndarray anchor, keyed by its bytes.
+        # (R, ...) numeric array: each row is an ndarray anchor, keyed by its (canonical) bytes.
+        if anchors.dtype.kind in "fc":
+            anchors = _canonical_floats(anchors)
         rows = np.ascontiguousarray(anchors.reshape(len(anchors), -1))
         void = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
         uniq, inverse = np.unique(void, return_inverse=True)
         return inverse.astype(np.int64, copy=False), len(uniq)
     seq = anchors.tolist() if isinstance(anchors, np.ndarray) and anchors.ndim == 1 else list(anchors)
-    if not set(map(type, seq)) <= _PLAIN_TYPES:
+    if not set(map(type, seq)) <= _PLAIN_TYPES - {float, complex}:  # floats too: NaN and -0.0 need a key
         try:
             seq = list(map(_anchor_key, seq))
         except TypeError as err:
@@ -404,9 +434,10 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
     seqs = _to_numpy(history_keys)
     if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:  # (R, D): D keys per row
         tail = seqs[:, max(0, seqs.shape[1] - depth):][:, ::-1]  # most recent first
-        codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
         E = np.full((len(seqs), depth), -1, dtype=np.int64)
-        E[:, : tail.shape[1]] = codes.reshape(tail.shape)
+        if tail.size:
+            codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
+            E[:, : tail.shape[1]] = codes.reshape(tail.shape)
         return E
     rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
     if set(map(type, rows)) <= {tuple, list}:  # the usual case
@@ -415,9 +446,8 @@ def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
         tails = []
         for i, h in enumerate(rows):
             if isinstance(h, (str, bytes)) or not hasattr(h, "__len__"):
-                raise TypeError(
-                    f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), got {type(h).__name__}"
-                )
+                raise TypeError(f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), "
+                                f"got {type(h).__name__}")
             tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h))
     lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
     if len(tails) and int(lengths.max()) > depth:  # keep the last `depth` keys (the trainer records no more)
@@ -549,7 +579,8 @@ def _normalise(x, seg, ref, mean_shift, std, mode):
 
 
 def _episode_advantages(episode_scores, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats):
-    """A_E (Sec. 3.1). A singleton population uses mean 0, std 1."""
+    """A_E (Sec. 3.1). A singleton population uses mean 0, std 1 (the reference's convention; its rows are then
+    zeroed by the lone-trajectory rule in :func:`compute_gigpo_advantages`)."""
     if episode_stats == "rows":
         values, seg = episode_scores, group_codes
     else:
@@ -560,6 +591,13 @@ def _episode_advantages(episode_scores, R_tau, group_codes, traj_codes, n_groups
     single = count == 1
     ref[single], mean_shift[single], std[single] = 0.0, 0.0, 1.0
     return _normalise(episode_scores, group_codes, ref, mean_shift, std, mode)
+
+
+def _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj) -> np.ndarray:
+    """``(R,)`` bool: rows of task groups that hold a single trajectory (e.g. the other members failed)."""
+    traj_group = np.zeros(n_traj, dtype=np.int64)
+    traj_group[traj_codes] = group_codes
+    return (np.bincount(traj_group, minlength=n_groups) == 1)[group_codes]
 
 
 def _step_advantages(step_scores, step_codes, n_steps, mode):
@@ -659,8 +697,8 @@ def compute_gigpo_advantages(
           ``R_tau`` (GRPO's per-rollout statistics). Each row's ``A_E`` is
           its own (penalised) episode score minus that mean (over std).
 
-        A population of one member uses mean 0 and std 1 (the score passes
-        through; divided by ``1 + 1e-6`` in ``mean_std_norm``).
+        A task group with a single trajectory gets ``A_E = A_S = 0`` on all
+        its rows (see Notes).
     similarity_threshold : float in (0, 1), optional
         ``None``: exact anchor matching. Otherwise anchors (which must all be
         ``str``) of one task group share a step group when connected by a
@@ -727,6 +765,14 @@ def compute_gigpo_advantages(
       weights are ``(k + 2)^alpha`` in our numbering; population std; and
       by default no episode term (``base_group=False``).
       Cost: one pairing of codes per level (``O(R)`` plus a sort).
+    * A task group with ONE trajectory (in training: the other members'
+      environments failed and their rows were dropped) gets ``A_E = 0`` and
+      ``A_S = 0`` on every row: a population of one carries no relative
+      signal. The reference instead uses mean 0 / std 1 for a singleton
+      population, so a lone survivor's advantage would be its raw return
+      (and, under ``episode_stats="rows"``, a value that depends on its
+      length); there this only arises with ``N = 1``, which the trainer
+      rejects (``num_generations >= 2``).
 
     Raises
     ------
@@ -807,6 +853,8 @@ def compute_gigpo_advantages(
         episode_returns - row_penalty, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats
     )
     A_S, level_sizes = _hierarchical_step_advantages(G, levels, mode, alpha)
+    lone = _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj)
+    A_E[lone], A_S[lone] = 0.0, 0.0  # a population of one: nothing to compare against
     A = A_E + omega * A_S
     level_ids = np.stack([codes for codes, _ in levels], axis=1)
     return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, level_sizes[:, 0], (level_ids, level_sizes))

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+_SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
+
+
+@contextlib.contextmanager
+def scrubbed_tokens():
+    """Within the block, a pickled ``GiGPOConfig`` (``torch.save``) carries no ``*_token`` string."""
+    reset = _SCRUB_TOKENS.set(True)
+    try:
+        yield
+    finally:
+        _SCRUB_TOKENS.reset(reset)
+
+
 ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
+# Loss types whose accumulated sub-batch gradient equals the unsplit one (see GiGPOTrainer._sub_batch_scale).
+BUDGET_LOSS_TYPES = ("dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo")
 STEP_GROUPINGS = ("state", "hierarchical")
 
 
@@ -54,22 +71,51 @@ class GiGPOConfig(GRPOConfig):
             k, the number of past observation/action pairs shown in each prompt.
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             Token limit of one turn's prompt; history is dropped (oldest first) to fit, then a `ValueError`.
-            `None`: the model's context length minus `max_completion_length`.
+            `None`: the model's context length minus `max_completion_length`. With `max_completion_length` it must
+            fit the model's context (`max_position_embeddings`), checked when the trainer is built.
         require_think (`bool`, *optional*, defaults to `True`):
             Whether a completion without a `<think>…</think>` block counts as an invalid action.
         num_env_workers (`int`, *optional*, defaults to `0`):
             Worker processes stepping the environments; `0` steps them in the training process.
         env_step_timeout (`float` or `None`, *optional*, defaults to `None`):
-            Seconds an environment step may take in a worker before its trajectory is ended as failed.
+            Seconds an environment step may take in a worker before its trajectory is ended as failed. Needs
+            `num_env_workers >= 1` (a warning says so otherwise: in-process steps cannot be interrupted).
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             Drop task groups whose trajectory returns are all equal (no episode-level signal) and roll out fresh
             tasks in their place, as DAPO does, up to `max_dynamic_sampling_rounds` extra rounds.
         max_dynamic_sampling_rounds (`int`, *optional*, defaults to `2`):
-            Bound on the extra rollout rounds of `dynamic_sampling`.
+            Bound on the extra rollout rounds of `dynamic_sampling`. Groups still flat after the last round are
+            kept (metric `dynamic_sampling/still_flat_groups`, and a warning the first time).
+        dynamic_sampling_keep_step_signal (`bool`, *optional*, defaults to `True`):
+            With `dynamic_sampling`, keep a group whose returns are all equal but whose step groups still give some
+            row a non-zero A_S (e.g. the same return reached in fewer turns): GiGPO's step-level signal. `False`
+            applies DAPO's rule (drop on equal returns alone). Irrelevant when `step_advantage_weight=0`.
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
+
+        > Parameters that control memory
+
+        max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `16384`):
+            The most padded tokens, rows × (padded prompt length + padded completion length), that one forward or
+            backward may hold. Each of TRL's micro-batches (and the no-grad old/reference log-prob passes) is packed
+            by length into sub-batches under this budget, each trimmed to its own longest prompt and completion; a
+            single longer row goes alone. The accumulated gradient equals the unsplit one for every accepted
+            `loss_type`. Needed because a trajectory yields one row per turn, so the rows of a micro-batch grow
+            with the episode length. `None`: one forward per micro-batch, as in TRL. Not combinable with
+            `top_entropy_quantile < 1`, an entropy bonus (`entropy_coef`, `use_adaptive_entropy`) or the LOMO
+            optimizers, whose terms are not sums over rows.
+
+        > Parameters whose default differs from [`~trl.GRPOConfig`]
+
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            Disable dropout in the model (`nn.Dropout` modules, LoRA dropout, and the attention dropout of
+            transformers models). Rollouts are generated in train mode, so with dropout on the policy that samples
+            a completion differs from the one that scores it (log-probs, importance ratio) and from the greedy
+            evaluation policy; `True` makes them one policy. `evaluate()` runs in eval mode either way.
+        loss_type (`str`, *optional*, defaults to `"dapo"`):
+            Loss aggregation; the global token mean fits a varying number of rows per iteration.
     """
 
     # GiGPO advantage
@@ -125,7 +171,8 @@ class GiGPOConfig(GRPOConfig):
         default=0, metadata={"help": "Worker processes stepping the environments; 0 steps them in-process."}
     )
     env_step_timeout: float | None = field(
-        default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails."}
+        default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails (needs "
+                                        "num_env_workers >= 1)."}
     )
     dynamic_sampling: bool = field(
         default=False,
@@ -134,11 +181,29 @@ class GiGPOConfig(GRPOConfig):
     max_dynamic_sampling_rounds: int = field(
         default=2, metadata={"help": "Bound on the extra rollout rounds of dynamic_sampling."}
     )
+    dynamic_sampling_keep_step_signal: bool = field(
+        default=True,
+        metadata={"help": "With dynamic_sampling, keep a group of equal returns whose step groups still carry a "
+                          "non-zero A_S (GiGPO's step signal); False: DAPO's rule, drop on equal returns alone."},
+    )
     eval_temperature: float = field(
         default=0.0, metadata={"help": "Sampling temperature of evaluate() episodes; 0.0 is greedy."}
     )
     eval_max_tasks: int | None = field(
         default=None, metadata={"help": "Evaluate on at most this many tasks of the eval dataset."}
+    )
+    # Memory
+    max_tokens_per_microbatch: int | None = field(
+        default=16384,
+        metadata={"help": "Most padded tokens (rows x (prompt + completion width)) in one forward/backward; rows of a "
+                          "micro-batch are packed into sub-batches under it. None: one forward per micro-batch."},
+    )
+    # Changed defaults: dropout off, so that the sampled policy is the one that is scored and trained.
+    disable_dropout: bool = field(
+        default=True,
+        metadata={"help": "Whether to disable dropout in the model (nn.Dropout, LoRA dropout and attention dropout). "
+                          "True (GiGPO's default, TRL's is False): rollouts sample from the same policy the loss "
+                          "scores. evaluate() always runs in eval mode."},
     )
     # Changed defaults: the global token mean fits a varying number of rows per iteration.
     loss_type: str = field(
@@ -147,13 +212,15 @@ class GiGPOConfig(GRPOConfig):
     )
 
     def __getstate__(self) -> dict:
-        """Pickle without secrets: ``transformers.Trainer`` writes the whole config with ``torch.save`` into every
-        checkpoint (``training_args.bin``, also pushed to the Hub), so ``hub_token`` (and any other ``*_token``
-        string) is left out of the pickled copy; ``to_dict``/``str`` already mask it. The live object keeps it."""
+        """The pickled state; without secrets only inside :func:`scrubbed_tokens`, which the trainer holds while it
+        writes the config into a checkpoint (``training_args.bin``, also pushed to the Hub): ``hub_token`` and any
+        other ``*_token`` string are ``None`` there. Copies, deep copies and other pickles keep them;
+        ``to_dict``/``str`` mask them."""
         state = dict(self.__dict__)
-        for key, value in state.items():
-            if key.endswith("_token") and isinstance(value, str):
-                state[key] = None
+        if _SCRUB_TOKENS.get():
+            for key, value in state.items():
+                if key.endswith("_token") and isinstance(value, str):
+                    state[key] = None
         return state
 
     def __post_init__(self):
@@ -176,7 +243,8 @@ class GiGPOConfig(GRPOConfig):
             )
         if self.step_grouping not in STEP_GROUPINGS:
             raise ValueError(f"step_grouping must be one of {list(STEP_GROUPINGS)}, got {self.step_grouping!r}")
-        if isinstance(self.hierarchy_depth, bool) or not isinstance(self.hierarchy_depth, int) or self.hierarchy_depth < 0:
+        depth = self.hierarchy_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
         if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
             warnings.warn(
@@ -196,9 +264,45 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
         if self.env_step_timeout is not None and self.env_step_timeout <= 0:
             raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
+        if self.env_step_timeout is not None and self.num_env_workers == 0:
+            warnings.warn(
+                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
+                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
+                UserWarning, stacklevel=2,
+            )
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:
             raise ValueError(f"max_dynamic_sampling_rounds must be >= 0, got {self.max_dynamic_sampling_rounds}")
         if self.eval_temperature < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+        self._check_token_budget()
+
+    def _check_token_budget(self) -> None:
+        budget = self.max_tokens_per_microbatch
+        if budget is None:
+            return
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"max_tokens_per_microbatch must be None or an int >= 1, got {budget!r}")
+        field_name = "max_tokens_per_microbatch"
+        if self.loss_type not in BUDGET_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} cannot be split into token-budget sub-batches ({field_name}="
+                f"{budget}); use one of {list(BUDGET_LOSS_TYPES)} or set {field_name}=None"
+            )
+        if self.top_entropy_quantile < 1.0:
+            raise ValueError(
+                f"top_entropy_quantile={self.top_entropy_quantile} needs the entropies of the whole micro-batch in "
+                f"one forward; set {field_name}=None (or top_entropy_quantile=1.0)"
+            )
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError(
+                f"an entropy bonus (entropy_coef={self.entropy_coef}, use_adaptive_entropy="
+                f"{self.use_adaptive_entropy}) is a token mean over the micro-batch, not a sum over rows; set "
+                f"{field_name}=None to use it"
+            )
+        optim = getattr(self.optim, "value", self.optim)
+        if str(optim) in ("lomo", "adalomo"):
+            raise ValueError(
+                f"optim={optim!r} updates the weights inside each backward; set {field_name}=None to use it"
+            )

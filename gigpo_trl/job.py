@@ -47,7 +47,7 @@ _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_le
           "max_completion_length": 48, "learning_rate": 1e-4, "beta": 0.0, "num_generations": 4,
           "per_device_train_batch_size": 8, "eval_max_tasks": 8}
 # Long observations (WebShop pages, ALFWorld rooms): 4 trajectories (2 task groups x 2 rollouts) per iteration,
-# trained in 4 micro-batches with one optimizer step, which bounds activation memory of ~1,000-token prompts.
+# trained in 4 micro-batches of 1 trajectory (all its turns); max_tokens_per_microbatch bounds memory per forward.
 _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "steps_per_generation": 4,
              "gradient_accumulation_steps": 4, "max_steps": 2, "max_turns": 4, "history_length": 1,
              "eval_max_tasks": 4}

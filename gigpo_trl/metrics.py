@@ -12,7 +12,8 @@ SIZE_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, None))
 
 
 def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str, float]:
-    """Success rate, mean return R(τ), mean length (turns), invalid-action rate and failed-env rate.
+    """Success rate, mean return R(τ), mean length (turns), invalid-action rate, failed-env rate and truncated rate
+    (trajectories that hit the turn limit before ``done``).
 
     ``trajectories``: records with ``won``, ``episode_return``, ``num_turns``, ``num_invalid``, ``failed``,
     ``task_type`` (see :class:`~gigpo_trl.rollout.TrajectoryRecord`). Failed trajectories count as unsuccessful.
@@ -28,6 +29,7 @@ def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str
         f"{prefix}/length_mean": float(turns.mean()),
         f"{prefix}/invalid_action_rate": float(sum(t.num_invalid for t in trajectories) / max(turns.sum(), 1.0)),
         f"{prefix}/failed_rate": float(np.mean([t.failed for t in trajectories])),
+        f"{prefix}/truncated_rate": float(np.mean([t.truncated for t in trajectories])),
     }
     per_type = defaultdict(list)
     for t in trajectories:
@@ -81,3 +83,29 @@ def level_metrics(level_group_ids: np.ndarray, prefix: str = "anchor") -> dict[s
         out[f"{level}/row_group_size_mean"] = float((sizes**2).sum() / sizes.sum())
         out[f"{level}/singleton_fraction"] = float((sizes == 1).mean())
     return out
+
+
+def completion_metrics(
+    lengths: Sequence[int], clipped: Sequence[bool], prefix: str = "completions"
+) -> dict[str, float]:
+    """TRL's completion-length metrics (names and definitions of ``GRPOTrainer``), one completion per row.
+
+    ``lengths``: (R,) completion lengths in tokens; ``clipped``: (R,) whether the completion was cut at
+    ``max_completion_length`` (it does not end with an end-of-sequence or pad token). Returns ``mean/min/max_length``,
+    ``clipped_ratio`` and ``mean/min/max_terminated_length`` over the completions that were not clipped (0 when
+    none was, as TRL does).
+    """
+    lengths = np.asarray(lengths, dtype=float)
+    if lengths.size == 0:
+        return {}
+    clipped = np.asarray(clipped, dtype=bool)
+    terminated = lengths[~clipped] if (~clipped).any() else np.zeros(1)
+    return {
+        f"{prefix}/mean_length": float(lengths.mean()),
+        f"{prefix}/min_length": float(lengths.min()),
+        f"{prefix}/max_length": float(lengths.max()),
+        f"{prefix}/clipped_ratio": float(clipped.mean()),
+        f"{prefix}/mean_terminated_length": float(terminated.mean()),
+        f"{prefix}/min_terminated_length": float(terminated.min()),
+        f"{prefix}/max_terminated_length": float(terminated.max()),
+    }

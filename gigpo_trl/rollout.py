@@ -10,7 +10,8 @@ Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
 4. step the environments through an :class:`~gigpo_trl.envs.pool.EnvPool`.
 
 A trajectory ends at ``done``, at ``max_turns`` (truncation, treated as terminal by the advantage), or when
-its environment fails (raises, times out, returns a bad value): a failed trajectory is recorded with its
+its environment fails (raises, times out, returns a bad value) or its prompt cannot fit ``max_prompt_length`` even
+without history: a failed trajectory is recorded with its
 error and contributes no training rows, so its group's statistics are computed over the healthy members.
 """
 
@@ -101,8 +102,8 @@ class RolloutCollector:
         decode_fn: ``decode_fn(completion_ids: list[list[int]]) -> list[str]``.
         max_turns: turn limit T (an env's own ``max_turns`` wins when smaller).
         history_length: k, the number of past observation/action pairs shown in each prompt.
-        max_prompt_length: token limit of a prompt; history is dropped (oldest first) to fit, then
-            ``ValueError``. ``None``: no limit.
+        max_prompt_length: token limit of a prompt; history is dropped (oldest first) to fit; a prompt that still
+            does not fit fails its trajectory (``ValueError`` from :meth:`check_task` at init). ``None``: no limit.
         sync_fn: multi-process agreement ``sync_fn(local_count) -> global_max``; every rank then generates
             ``global_max`` prompts (filler prompts, whose outputs are dropped, pad the local list) so all ranks
             make the same number of generate calls of the same size. ``None``: single process.
@@ -146,18 +147,26 @@ class RolloutCollector:
         self.progress = progress
         self.require_think = require_think
         self.history_key_depth = history_key_depth
-        self.pools = {
-            name: EnvPool(factory, num_workers=num_env_workers, step_timeout=step_timeout)
-            for name, factory in self.env_factories.items()
-        }
+        self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout}
+        self.pools = {name: EnvPool(factory, **self._pool_kwargs) for name, factory in self.env_factories.items()}
         # One probe instance per env for prompt templates / limits (reusing any the caller already built); the
         # pools own the stepping instances.
         templates = dict(templates or {})
         self._templates = {name: templates.get(name) or factory() for name, factory in self.env_factories.items()}
 
-    def close(self) -> None:
+    def close_pools(self) -> None:
+        """Stop the env pools (their worker processes); the next :meth:`collect` starts fresh ones."""
         for pool in self.pools.values():
             pool.close()
+        self.pools.clear()
+
+    def _pool(self, key: str) -> EnvPool:
+        if key not in self.pools:
+            self.pools[key] = EnvPool(self.env_factories[key], **self._pool_kwargs)
+        return self.pools[key]
+
+    def close(self) -> None:
+        self.close_pools()
         for env in self._templates.values():
             if hasattr(env, "close"):
                 env.close()
@@ -180,25 +189,30 @@ class RolloutCollector:
         env = self._templates[st["key"]]
         return build_messages(env, st["instruction"], st["observation"], history, turn, st["limit"], st["admissible"])
 
-    def _prompts(self, states: list[dict], turn: int) -> list[tuple[list[dict], list[int]]]:
-        """Messages and token ids of each env's prompt, tokenized in one batched call; a prompt over the token
-        limit is rebuilt with a shorter history window (oldest pairs dropped first)."""
+    def _prompts(self, states: list[dict], turn: int) -> list[tuple[list[dict], list[int] | None, str | None]]:
+        """``(messages, token ids, None)`` of each env's prompt, tokenized in one batched call; a prompt over the
+        token limit is rebuilt with a shorter history window (oldest pairs dropped first). A prompt that does not
+        fit even with no history is ``(messages, None, why)``: the caller decides (error at init, failed
+        trajectory in the turn loop), so nothing here raises for one trajectory."""
         keeps = [min(self.history_length, len(st["history"])) for st in states]
         messages = [self._messages(st, turn, keep) for st, keep in zip(states, keeps)]
         ids = self._tokenize_distinct(messages)
         out = []
         for st, keep, msgs, tokens in zip(states, keeps, messages, ids):
+            error = None
             while self.max_prompt_length is not None and len(tokens) > self.max_prompt_length:
                 if keep == 0:
-                    raise ValueError(
+                    error = (
                         f"prompt of task {st['task']!r} at turn {turn} has {len(tokens)} tokens, more than "
                         f"max_prompt_length={self.max_prompt_length} even with no history; raise max_prompt_length "
                         "(within the model's context) or shorten the environment's observations"
                     )
+                    tokens = None
+                    break
                 keep -= 1
                 msgs = self._messages(st, turn, keep)
                 tokens = self.tokenize_fn([msgs])[0]
-            out.append((msgs, tokens))
+            out.append((msgs, tokens, error))
         return out
 
     def _tokenize_distinct(self, messages: list[list[dict]]) -> list[list[int]]:
@@ -247,7 +261,10 @@ class RolloutCollector:
             raise TypeError(f"init check on the first training task {task!r}: {exc}") from None
         state = {"key": key, "task": task, "instruction": info.get("instruction", ""), "observation": observation,
                  "history": [], "limit": self._turn_limit(key), "admissible": info.get("admissible_actions")}
-        return self._prompts([state], 0)[0][1]
+        _, tokens, error = self._prompts([state], 0)[0]
+        if error is not None:
+            raise ValueError(error)
+        return tokens
 
     # ------------------------------------------------------------------ main loop
     def collect(
@@ -264,8 +281,9 @@ class RolloutCollector:
             RolloutBatch with the rows in (turn, environment) order.
 
         Raises:
-            ValueError: ``tasks`` and ``group_ids`` differ in length, a row lacks ``task``, or a prompt cannot fit
-                ``max_prompt_length``.
+            ValueError: ``tasks`` and ``group_ids`` differ in length, or a row lacks ``task``. A prompt that cannot
+                fit ``max_prompt_length`` even with no history fails its trajectory (logged with its task), like an
+                environment error; it never raises inside the turn loop.
         """
         if len(tasks) != len(group_ids):
             raise ValueError(f"tasks ({len(tasks)}) and group_ids ({len(group_ids)}) differ in length")
@@ -284,7 +302,7 @@ class RolloutCollector:
 
         # Reset: slot j of pool `key` runs task by_key[key][j].
         for key, idxs in by_key.items():
-            results = self.pools[key].reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
+            results = self._pool(key).reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
             for slot, (i, res) in enumerate(zip(idxs, results)):
                 st = states[i]
                 st["slot"] = slot
@@ -306,7 +324,13 @@ class RolloutCollector:
         for turn in range(self.max_turns):
             active = [i for i, st in enumerate(states) if not st["done"]]
             prompts = self._prompts([states[i] for i in active], turn)
-            prompt_ids = [ids for _, ids in prompts]
+            # A prompt that cannot fit ends its own trajectory as failed (before the per-turn collective, so every
+            # rank still makes the same calls); cutting the observation instead would hide part of the state.
+            for i, (_, _, error) in zip(active, prompts):
+                if error is not None:
+                    self._fail(states[i], error)
+            active, prompts = [i for i in active if not states[i]["done"]], [p for p in prompts if p[2] is None]
+            prompt_ids = [ids for _, ids, _ in prompts]
             if prompt_ids and filler is None:
                 filler = prompt_ids[0]
             n_global = self.sync_fn(len(active)) if self.sync_fn is not None else len(active)
@@ -332,7 +356,7 @@ class RolloutCollector:
                 actions.setdefault(st["key"], {})[st["slot"]] = parsed.action
             results = {}
             for key, slot_actions in actions.items():
-                for slot, res in self.pools[key].step(slot_actions).items():
+                for slot, res in self._pool(key).step(slot_actions).items():
                     results[(key, slot)] = res
             for i in active:
                 st = states[i]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import logging
 import math
 import os
 import time
@@ -16,20 +18,25 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from .advantage import compute_gigpo_advantages
-from .config import GiGPOConfig
+from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
-from .metrics import anchor_metrics, episode_metrics, level_metrics
+from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
+from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
+
+logger = logging.getLogger(__name__)
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
@@ -53,6 +60,14 @@ def _resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
     if not callable(env):
         raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
     return {DEFAULT_ENV_KEY: env}
+
+
+def _disable_attention_dropout(model) -> None:
+    """Complete TRL's ``disable_dropout_in_model`` (which zeroes ``nn.Dropout`` modules only): attention layers of
+    transformers models apply their float ``attention_dropout`` functionally, in train mode."""
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 class GiGPOTrainer(GRPOTrainer):
@@ -132,6 +147,14 @@ class GiGPOTrainer(GRPOTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if args.max_tokens_per_microbatch is not None and self.aux_loss_enabled:
+            raise ValueError(
+                "the model's MoE load-balancing loss (router_aux_loss_coef="
+                f"{self.router_aux_loss_coef}) is a statistic of one whole forward, not a sum over rows; set "
+                "max_tokens_per_microbatch=None or router_aux_loss_coef=0.0"
+            )
+        if args.disable_dropout:
+            _disable_attention_dropout(self.model)
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
@@ -154,6 +177,14 @@ class GiGPOTrainer(GRPOTrainer):
             history_key_depth=args.hierarchy_depth if args.step_grouping == "hierarchical" else 0,
         )
         self._check_first_prompt(train_dataset)
+
+    def train(self, *args, **kwargs):
+        """``Trainer.train``; the env pools (worker processes) are closed at the end, also when training raises.
+        A later :meth:`evaluate` or ``train`` starts fresh ones."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.collector.close_pools()
 
     # ------------------------------------------------------------------ small helpers
     def _check_first_prompt(self, dataset) -> None:
@@ -178,9 +209,17 @@ class GiGPOTrainer(GRPOTrainer):
             self._signature_columns = ["task", "seed", "task_type", "env", "prompt"]
 
     def _resolve_max_prompt_length(self) -> int | None:
-        if self.args.max_prompt_length is not None:
-            return self.args.max_prompt_length
         context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if self.args.max_prompt_length is not None:
+            total = self.args.max_prompt_length + (self.max_completion_length or 0)
+            if context is not None and total > context:
+                raise ValueError(
+                    f"max_prompt_length={self.args.max_prompt_length} + max_completion_length="
+                    f"{self.max_completion_length} = {total} is more than the model's context of {context} positions "
+                    f"(max_position_embeddings); lower them so that they sum to at most {context}, or leave "
+                    "max_prompt_length=None (the context minus max_completion_length)"
+                )
+            return self.args.max_prompt_length
         return None if context is None else max(1, context - (self.max_completion_length or 0))
 
     def _generate_turn(self, prompt_ids: list[list[int]]):
@@ -214,6 +253,16 @@ class GiGPOTrainer(GRPOTrainer):
             torch.save(state, os.path.join(folder, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index)))
         super()._save_checkpoint(model, trial)
 
+    # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
+    # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
+    def _save(self, output_dir=None, state_dict=None):
+        with scrubbed_tokens():
+            super()._save(output_dir, state_dict)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        with scrubbed_tokens():
+            super()._push_from_checkpoint(checkpoint_folder)
+
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
@@ -233,9 +282,10 @@ class GiGPOTrainer(GRPOTrainer):
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
-        batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
-        if self.args.dynamic_sampling and mode == "train":
-            batch = self._resample_flat_groups(list(inputs), group_ids, batch)
+        with self._generation_params_gathered():
+            batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
+            if self.args.dynamic_sampling and mode == "train":
+                batch = self._resample_flat_groups(list(inputs), group_ids, batch)
         rows = batch.rows
         t_rollout = time.perf_counter() - t0
 
@@ -275,18 +325,15 @@ class GiGPOTrainer(GRPOTrainer):
     def _resample_flat_groups(self, inputs: list[dict], group_ids: list[str], batch):
         """Dynamic sampling (DAPO, arXiv 2503.14476, Sec. 3.2): a task group whose trajectory returns are all equal
         carries no episode-level signal; roll out a fresh task in its place, up to ``max_dynamic_sampling_rounds``
-        extra rounds. Every rank takes the same decisions (gathered returns, replacement tasks chosen by a hash of
-        the group id, round and step), so all ranks make the same collect calls. Groups still flat after the last
-        round are kept."""
-        multi = self.accelerator.num_processes > 1
+        extra rounds. Unlike DAPO's rule, a group whose step groups still carry a non-zero A_S is kept by default
+        (``dynamic_sampling_keep_step_signal``; see :meth:`_flat_groups`). Every rank takes the same decisions
+        (gathered returns, replacement tasks chosen by a hash of the group id, round and step), so all ranks make
+        the same collect calls. Groups still flat after the last round are kept, counted in
+        ``dynamic_sampling/still_flat_groups`` and warned about once."""
         dataset = self.train_dataset
         replaced = 0
+        flat = self._flat_groups(batch)
         for round_ in range(1, self.args.max_dynamic_sampling_rounds + 1):
-            local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
-            returns: dict[str, set] = {}
-            for group, value in (gather_object(local) if multi else local):
-                returns.setdefault(group, set()).add(round(value, 9))
-            flat = {g for g, values in returns.items() if len(values) == 1}
             if not flat:
                 break
             replaced += len(flat)
@@ -303,8 +350,44 @@ class GiGPOTrainer(GRPOTrainer):
                 batch.trajectories[i] = fresh.trajectories[n]
             batch.num_generate_calls += fresh.num_generate_calls
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, fresh.max_prompt_tokens)
+            flat = self._flat_groups(batch)
         self._metrics["train"]["dynamic_sampling/replaced_groups"].append(float(replaced))
+        self._metrics["train"]["dynamic_sampling/still_flat_groups"].append(float(len(flat)))
+        if flat and not getattr(self, "_warned_still_flat", False):
+            self._warned_still_flat = True
+            logger.warning(
+                "dynamic sampling: %d task group(s) still have all-equal returns after max_dynamic_sampling_rounds=%d "
+                "extra rounds and are kept (no episode-level signal); the tasks may be too easy or too hard for the "
+                "policy. Raise max_dynamic_sampling_rounds or change the task mix (this warning is shown once; see "
+                "the metric dynamic_sampling/still_flat_groups).", len(flat), self.args.max_dynamic_sampling_rounds,
+            )
         return batch
+
+    def _flat_groups(self, batch) -> set:
+        """Task groups (all ranks) whose healthy trajectories' returns are all equal; unless
+        ``dynamic_sampling_keep_step_signal`` is off (DAPO's rule) or ω = 0, minus those whose step groups give
+        some row a non-zero A_S (e.g. equal returns reached in different numbers of turns)."""
+        multi = self.accelerator.num_processes > 1
+        local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
+        returns: dict[str, set] = {}
+        for group, value in (gather_object(local) if multi else local):
+            returns.setdefault(group, set()).add(round(value, 9))
+        flat = {g for g, values in returns.items() if len(values) == 1}
+        if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
+            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in batch.rows
+                    if r.group_id in flat]
+            keys = gather_object(keys) if multi else keys
+            if keys:
+                groups, trajs, anchors, rewards, valid = zip(*keys)
+                A_S = compute_gigpo_advantages(
+                    rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups),
+                    trajectory_ids=list(trajs), anchor_states=list(anchors),
+                    action_valid=np.asarray(valid, dtype=bool), gamma=self.args.gamma,
+                    mode=self.args.advantage_mode, invalid_action_penalty=self.args.invalid_action_penalty,
+                    episode_stats=self.args.episode_stats, similarity_threshold=self.args.anchor_similarity_threshold,
+                ).step_advantages
+                flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
+        return flat
 
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of
@@ -347,6 +430,8 @@ class GiGPOTrainer(GRPOTrainer):
             "completion_mask": completion_mask,
             "advantages": torch.tensor(adv, dtype=torch.float32, device=device),
             "num_items_in_batch": num_items_in_batch,
+            # 1 for a rollout row, 0 for filler: row-normalised losses divide by real rows (see _sub_batch_scale)
+            "real_row_mask": torch.tensor([1] * len(rows) + [0] * (target - len(rows)), device=device),
         }
         output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode))
         return output
@@ -364,20 +449,17 @@ class GiGPOTrainer(GRPOTrainer):
         generate_every = self.args.steps_per_generation * self.num_iterations
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
-                out["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                out["old_per_token_logps"] = self._score_in_budget(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size
                 )
             if self.beta != 0.0:
                 if self.ref_model is not None:
-                    ref, _, _ = self._get_per_token_logps_and_entropies(
-                        self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
-                    )
+                    ref = self._score_in_budget(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size)
                 else:
                     unwrapped = self.accelerator.unwrap_model(self.model)
                     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                        ref, _, _ = self._get_per_token_logps_and_entropies(
-                            self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
-                        )
+                        ref = self._score_in_budget(self.model, input_ids, attention_mask, logits_to_keep,
+                                                    batch_size)
                 out["ref_per_token_logps"] = ref
         if have_sampling and self.use_vllm:
             sampling = pad(
@@ -405,6 +487,227 @@ class GiGPOTrainer(GRPOTrainer):
         hi = math.inf if hi is None else hi
         return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
 
+    # ------------------------------------------------------------------ bounded memory: token-budget sub-batches
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss on one micro-batch, run as sub-batches of at most ``max_tokens_per_microbatch`` padded tokens.
+
+        The rows are packed by length (:func:`gigpo_trl.microbatch.pack_rows`) and each sub-batch is trimmed to its
+        own longest prompt and completion. Every sub-batch but the last is backwarded here, with the gradient
+        all-reduce (DDP) and DeepSpeed's step held until the last one, which is returned for
+        ``Trainer.training_step`` to backward; the returned value is the whole micro-batch loss. Each sub-batch loss
+        is weighted (:meth:`_sub_batch_scale`) so that the summed gradient equals the unsplit one; every rank runs
+        the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step.
+        """
+        budget = self.args.max_tokens_per_microbatch
+        if return_outputs or budget is None or not (self.model.training and torch.is_grad_enabled()):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            scale = self._sub_batch_scale(inputs, inputs)
+            return loss if scale == 1.0 else loss * scale
+        mode = "train"
+        subs, weights = self._split_for_budget(inputs, budget)
+        before = {key: len(values) for key, values in self._metrics[mode].items()}
+        kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
+        done = None
+        with self._ragged_gather():
+            for sub, scale in subs[:-1]:
+                with self._gradient_sync_deferred(model):
+                    loss = super().compute_loss(model, sub) * scale
+                    self.accelerator.backward(loss, **kwargs)
+                done = loss.detach() if done is None else done + loss.detach()
+            sub, scale = subs[-1]
+            loss = super().compute_loss(model, sub) * scale
+        self._merge_sub_batch_metrics(mode, before, weights)
+        return loss if done is None else loss + done  # `done` only carries the value: its gradient is applied
+
+    def _sub_batch_scale(self, sub: dict, whole: dict) -> float:
+        """Weight of a sub-batch loss so that the sub-batch losses sum to the whole micro-batch's loss.
+
+        TRL's normaliser per ``loss_type`` (``GRPOTrainer._compute_loss``): ``dapo``/``cispo``/``vespo`` divide by
+        the global token count (already the same for every sub-batch: weight 1); ``bnpo`` by the forward's own
+        tokens (weight = sub tokens / micro-batch tokens); ``grpo``/``sapo``/``luspo`` average per-row values and
+        ``dr_grpo`` divides by rows × ``max_completion_length`` (weight = sub rows / micro-batch rows). Rows counts
+        exclude the zero-mask filler rows of :meth:`_rows_to_batch` (``real_row_mask``), which TRL would count:
+        with ``sub is whole`` this is the whole correction (e.g. 10 real rows + 6 filler: weight 16/10).
+        """
+        if self.loss_type == "bnpo":
+            def tokens(b):
+                mask = b["completion_mask"] if "tool_mask" not in b else b["completion_mask"] * b["tool_mask"]
+                return max(float(mask.sum()), 1.0)
+
+            return 1.0 if sub is whole else tokens(sub) / tokens(whole)
+        if self.loss_type in ("grpo", "sapo", "luspo", "dr_grpo"):
+            real = whole.get("real_row_mask")
+            rows = float(real.sum()) if real is not None else float(whole["completion_mask"].size(0))
+            return sub["completion_mask"].size(0) / max(rows, 1.0)
+        return 1.0
+
+    def _split_for_budget(self, inputs: dict, budget: int) -> tuple[list[tuple[dict, float]], list[float]]:
+        """``([(sub-batch, loss weight)], global loss tokens per sub-batch index)``; the list has the same length
+        on every rank (the ranks' maximum; empty sub-batches of weight 0 fill the rest). Filler rows, which carry no
+        loss tokens, are left out."""
+        p_len, c_len = row_lengths(inputs["prompt_mask"], inputs["completion_mask"])
+        multiple = self.pad_to_multiple_of
+        real = inputs.get("real_row_mask")
+        keep = list(range(len(p_len))) if real is None else torch.nonzero(real).flatten().tolist()  # no filler
+        subs = []
+        for packed in pack_rows([p_len[i] for i in keep], [c_len[i] for i in keep], budget, multiple):
+            rows = [keep[j] for j in packed]
+            sub = take_rows(inputs, rows, *sub_batch_widths(p_len, c_len, rows, multiple))
+            subs.append((sub, self._sub_batch_scale(sub, inputs)))
+        tokens = [float(sub["completion_mask"].sum()) for sub, _ in subs]
+        n_max, weights = self._agree_on_sub_batches(len(subs), tokens)
+        if n_max == 0:  # only filler rows on every rank: still one (empty) forward/backward
+            n_max, weights = 1, [0.0]
+        while len(subs) < n_max:
+            subs.append((self._empty_sub_batch(inputs), 0.0))
+        return subs, weights
+
+    def _agree_on_sub_batches(self, count: int, tokens: list[float]) -> tuple[int, list[float]]:
+        """The ranks' largest sub-batch count and, per sub-batch index, the tokens summed over ranks."""
+        if self.accelerator.num_processes == 1:
+            return count, tokens
+        device = self.accelerator.device
+        n_max = int(self.accelerator.gather(torch.tensor([count], device=device)).max().item())
+        local = torch.zeros(n_max, dtype=torch.float32, device=device)
+        local[:count] = torch.tensor(tokens, dtype=torch.float32)
+        return n_max, self.accelerator.reduce(local, reduction="sum").tolist()
+
+    @staticmethod
+    def _empty_sub_batch(inputs: dict) -> dict:
+        """One row, one prompt and one completion column, no loss tokens: a rank's filler forward/backward."""
+        sub = take_rows(inputs, [0], 1, 1)
+        sub["completion_mask"] = torch.zeros_like(sub["completion_mask"])
+        sub["advantages"] = torch.zeros_like(sub["advantages"])
+        return sub
+
+    @contextlib.contextmanager
+    def _gradient_sync_deferred(self, model):
+        """Hold gradient synchronisation for a sub-batch that is not the last of the micro-batch.
+
+        TRL/accelerate private state (one place): on the last micro-batch of an accumulation window Trainer sets
+        ``gradient_state.sync_gradients``; accelerate's DeepSpeed backward then sets the accumulation boundary and
+        calls ``engine.step()`` after every backward, and DDP all-reduces after every backward. Clearing the flag
+        and entering ``no_sync`` for the earlier sub-batches makes them plain accumulation micro-steps for both.
+        """
+        state = self.accelerator.gradient_state
+        if not state.sync_gradients:
+            yield
+            return
+        state._set_sync_gradients(False)
+        try:
+            with self.accelerator.no_sync(model):
+                yield
+        finally:
+            state._set_sync_gradients(True)
+
+    @contextlib.contextmanager
+    def _ragged_gather(self):
+        """Let ``accelerator.gather`` take per-row tensors of different lengths on different ranks.
+
+        TRL private behaviour (one place): ``_compute_loss`` gathers one value per row for its clip-ratio min/max
+        metrics, which assumes every rank's forward holds the same rows; sub-batches do not. Inside this block,
+        floating-point tensors are NaN-padded to the longest rank first (``pad_across_processes``); TRL reduces
+        them with ``nanmin``/``nanmax``, so the padding is invisible.
+        """
+        accelerator = self.accelerator
+        if accelerator.num_processes == 1 or "gather" in vars(accelerator):
+            yield
+            return
+        plain = accelerator.gather
+
+        def gather(tensor):
+            if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
+                tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=math.nan)
+            return plain(tensor)
+
+        accelerator.gather = gather
+        try:
+            yield
+        finally:
+            del accelerator.gather
+
+    def _merge_sub_batch_metrics(self, mode: str, before: dict[str, int], weights: list[float]) -> None:
+        """TRL private (``self._metrics``): ``_compute_loss`` appends one value per call; fold the sub-batches'
+        values into one per micro-batch: ``*_min``/``*_max`` by min/max, the rest (global masked means) weighted
+        by each sub-batch index's global token count, which reproduces the unsplit micro-batch's mean."""
+        k = len(weights)
+        if k < 2:
+            return
+        w = np.asarray(weights, dtype=np.float64)
+        for key, values in self._metrics[mode].items():
+            start = before.get(key, 0)
+            new = np.asarray(values[start:], dtype=np.float64)
+            if len(new) != k:
+                continue
+            ok = ~np.isnan(new)
+            if not ok.any():
+                merged = math.nan
+            elif key.endswith("_min"):
+                merged = float(new[ok].min())
+            elif key.endswith("_max"):
+                merged = float(new[ok].max())
+            elif w[ok].sum() > 0:
+                merged = float((new[ok] * w[ok]).sum() / w[ok].sum())
+            else:
+                merged = float(new[ok].mean())
+            del values[start:]
+            values.append(merged)
+
+    def _score_in_budget(self, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int):
+        """Per-token log-probs ``(B, logits_to_keep)`` of the no-grad old/reference passes, in forwards of at most
+        ``max_tokens_per_microbatch`` padded tokens (``None``: TRL's chunks of ``batch_size`` rows).
+
+        Only prompt padding is trimmed: completions keep the batch's full width, because a training sub-batch of
+        another width reads these values at masked positions too (``exp(ref - logp)`` there must stay finite).
+        Every rank runs the same number of forwards (ZeRO-3 gathers parameters in each).
+        """
+        budget = self.args.max_tokens_per_microbatch
+        if budget is None:
+            return self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+            )[0]
+        width = input_ids.size(1) - logits_to_keep  # prompt columns
+        p_len = attention_mask[:, :width].sum(dim=1).tolist()
+        c_len = [logits_to_keep] * input_ids.size(0)
+        bins = pack_rows(p_len, c_len, budget, self.pad_to_multiple_of)
+        n_max, _ = self._agree_on_sub_batches(len(bins), [0.0] * len(bins))
+        out = None
+        for i in range(n_max):
+            rows = bins[i] if i < len(bins) else [0]  # a short rank repeats a one-token-prompt forward of row 0
+            wp = min(width, sub_batch_widths(p_len, c_len, rows, self.pad_to_multiple_of)[0]) if i < len(bins) else 1
+            index = torch.tensor(rows, device=input_ids.device)
+            logps = self._get_per_token_logps_and_entropies(
+                model, input_ids[index, width - wp :], attention_mask[index, width - wp :], logits_to_keep
+            )[0]
+            if out is None:
+                out = logps.new_zeros((input_ids.size(0), logits_to_keep))
+            if i < len(bins):
+                out[index] = logps
+        return out
+
+    @contextlib.contextmanager
+    def _generation_params_gathered(self):
+        """ZeRO-3 with transformers generation: gather the sharded parameters once for the whole rollout.
+
+        TRL's ``_generate_single_turn`` enters ``unwrap_model_for_generation`` (a full parameter gather) on every
+        call, i.e. once per turn. Here the same context is entered once around the collect, and
+        ``ds3_gather_for_generation`` is off inside it, so each turn's call takes the already-gathered, hook-free
+        model as it is. No effect with vLLM, without ZeRO-3, or when ``ds3_gather_for_generation`` is already off.
+        """
+        plugin = self.accelerator.state.deepspeed_plugin
+        if self.use_vllm or plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
+            yield
+            return
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=True,
+            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+        ):
+            self.args.ds3_gather_for_generation = False
+            try:
+                yield
+            finally:
+                self.args.ds3_gather_for_generation = True
+
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows
         multi = self.accelerator.num_processes > 1
@@ -427,6 +730,12 @@ class GiGPOTrainer(GRPOTrainer):
         metrics["rollout/seconds"] = t_rollout
         metrics["rollout/advantage_seconds"] = t_adv
         metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
+        # TRL's clipped / terminated completion metrics; an empty completion was not cut at the limit
+        ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        local = [(len(r.completion_ids), bool(r.completion_ids) and r.completion_ids[-1] not in ends) for r in rows]
+        gathered = gather_object(local) if multi else local
+        if gathered:
+            metrics.update(completion_metrics(*zip(*gathered)))
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
         if self.log_completions:
@@ -438,12 +747,15 @@ class GiGPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
     @contextlib.contextmanager
     def _eval_sampling(self):
-        """Sample at ``eval_temperature`` (0 = greedy) for the duration of the block."""
+        """Sample at ``eval_temperature`` (0 = greedy) with the model in eval mode (dropout off) for the duration of
+        the block; the previous mode and sampling settings come back afterwards, also when the block raises."""
         temperature = self.args.eval_temperature
         saved = (self.generation_config.do_sample, self.generation_config.temperature,
                  dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
         saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
+        was_training = self.model.training
         try:
+            self.model.eval()
             if saved is not None:
                 greedy = temperature == 0.0
                 self.generation_config.do_sample = not greedy
@@ -461,9 +773,10 @@ class GiGPOTrainer(GRPOTrainer):
                 self.generation_kwargs.update(saved[2])
             if self.use_vllm:
                 self.vllm_generation.temperature = saved_vllm
+            self.model.train(was_training)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Run one episode per eval task at ``eval_temperature`` and report success rates.
+        """Run one episode per eval task at ``eval_temperature``, in eval mode (dropout off), and report success rates.
 
         Episodes run ``per_device_eval_batch_size`` at a time per process (one batched generate call per turn).
 
@@ -480,9 +793,7 @@ class GiGPOTrainer(GRPOTrainer):
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         _check_task_dataset(dataset, None, "eval_dataset")
-        tasks = [dict(row) for row in dataset]
-        if self.args.eval_max_tasks is not None:
-            tasks = tasks[: self.args.eval_max_tasks]
+        tasks = [dict(row) for row in itertools.islice(dataset, self.args.eval_max_tasks)]  # None: all
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = tasks[rank::world]
         # Episodes run per_device_eval_batch_size at a time; every rank makes the same number of collect calls
@@ -491,7 +802,7 @@ class GiGPOTrainer(GRPOTrainer):
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
         local_trajectories = []
-        with self._eval_sampling():
+        with self._eval_sampling(), self._generation_params_gathered():
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
@@ -508,6 +819,17 @@ class GiGPOTrainer(GRPOTrainer):
 
 def _check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
     """Fail early on a task dataset the collector cannot use."""
+    if isinstance(dataset, datasets.IterableDataset):
+        if args is not None:  # the training task set
+            raise ValueError(
+                f"{name} is a datasets.IterableDataset; GiGPO needs a map-style datasets.Dataset of tasks (its size "
+                "and random access serve the init check, the group sampler and dynamic sampling): materialise it, "
+                "e.g. datasets.Dataset.from_list(list(iterable_dataset.take(n))). An iterable eval_dataset is fine."
+            )
+        columns = dataset.column_names or list(next(iter(dataset), {"task": None}))
+        if "task" not in columns:
+            raise ValueError(f"{name} has no 'task' column (columns: {columns}); each row must give the task to reset")
+        return
     columns = getattr(dataset, "column_names", None)
     if columns is None and len(dataset):
         columns = list(dataset[0])

@@ -17,7 +17,9 @@ Files written:
   ``price_upper`` (>= the product's price).
 
 Every goal is achievable by construction: its product exists, has the attributes, offers the options
-and costs no more than ``price_upper``. Instruction texts are unique over both splits.
+and costs no more than ``price_upper``. Instruction texts are unique over both splits, and so are goal specs
+(product type, attributes and option values; the price cap aside): no goal of one split is a reworded or
+re-priced copy of a goal of the other.
 
 Usage: ``python scripts/make_webshop_catalog.py [--out DIR] [--seed N]``
 """
@@ -320,6 +322,11 @@ def _make_goal(rng: random.Random, product: dict) -> dict:
     }
 
 
+def _spec(goal: dict) -> tuple:
+    """What the reward of a goal depends on, the price cap aside: product type, attributes, option values."""
+    return goal["product_type"], tuple(sorted(goal["attributes"])), tuple(sorted(goal["options"].values()))
+
+
 def generate(seed: int = DEFAULT_SEED) -> tuple[dict, dict]:
     """Return ``(catalog, goals)`` as JSON-ready dicts."""
     _check_specs()
@@ -327,15 +334,19 @@ def generate(seed: int = DEFAULT_SEED) -> tuple[dict, dict]:
     products = _make_products(rng)
     goals: list[dict] = []
     seen: set[str] = set()
+    seen_specs: set[tuple] = set()
     need = NUM_TRAIN + NUM_EVAL
     order = list(range(len(products)))
     while len(goals) < need:
         rng.shuffle(order)
         for i in order:
             goal = _make_goal(rng, products[i])
-            if goal["instruction"] in seen:
+            # One goal per spec, the price cap aside: a reworded or re-priced copy of a goal would be the same
+            # task in both splits (a train/eval leak) or a duplicate within one.
+            if goal["instruction"] in seen or _spec(goal) in seen_specs:
                 continue
             seen.add(goal["instruction"])
+            seen_specs.add(_spec(goal))
             goals.append(goal)
             if len(goals) == need:
                 break

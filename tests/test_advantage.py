@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import random
 import statistics
 
@@ -163,17 +164,32 @@ def test_episode_stats_trajectories_vs_rows():
 
 
 def test_singleton_groups():
-    # Episode group of one row: mean 0, std 1 -> value passes through (÷(1+1e-6) with std).
-    # Step group of one row: A_S = 0.
-    res = _run([("g", "t", "s", 2.5)], mode="mean_std_norm")
-    np.testing.assert_allclose(res.episode_advantages, [2.5 / (1 + 1e-6)], atol=1e-12)
-    np.testing.assert_allclose(res.step_advantages, [0.0])
-    res = _run([("g", "t", "s", 2.5)], mode="mean_norm")
-    np.testing.assert_allclose(res.episode_advantages, [2.5])
+    # A task group of one trajectory (here one row): A_E = A_S = 0, in both modes (not the raw return 2.5).
+    for mode in ("mean_norm", "mean_std_norm"):
+        res = _run([("g", "t", "s", 2.5)], mode=mode)
+        np.testing.assert_array_equal(res.episode_advantages, [0.0])
+        np.testing.assert_array_equal(res.step_advantages, [0.0])
+        np.testing.assert_array_equal(res.episode_returns, [2.5])
     # all-equal group -> exactly 0
     rows = [("g", i, "s", 0.1) for i in range(3)]
     res = _run(rows, mode="mean_std_norm")
     assert np.all(res.episode_advantages == 0.0) and np.all(res.step_advantages == 0.0)
+
+
+@pytest.mark.parametrize("episode_stats", ["rows", "trajectories"])
+def test_lone_surviving_trajectory_gets_zero_advantage(episode_stats):
+    # Group "w": the only healthy member (the others failed and were dropped) wins a WebShop-like 10 after 3 turns,
+    # revisiting state "a" and with one invalid action. Group "h": two healthy members, computed as usual.
+    rows = [("w", 0, "a", 0.0), ("w", 0, "b", 0.0), ("w", 0, "a", 10.0),
+            ("h", 0, "s", 1.0), ("h", 1, "s", 0.0)]
+    res = _run(rows, action_valid=[1, 0, 1, 1, 1], episode_stats=episode_stats)
+    np.testing.assert_array_equal(res.episode_advantages[:3], [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(res.step_advantages[:3], [0.0, 0.0, 0.0])  # "a" twice: still no comparison
+    np.testing.assert_array_equal(res.advantages[:3], [0.0, 0.0, 0.0])
+    assert res.anchor_group_sizes[0] == 2  # the step group itself is still reported
+    # the healthy pair: R = 1 vs 0, mean 0.5 -> A_E = ±0.5, one shared anchor -> A_S = ±0.5
+    np.testing.assert_allclose(res.episode_advantages[3:], [0.5, -0.5], atol=1e-12)
+    np.testing.assert_allclose(res.step_advantages[3:], [0.5, -0.5], atol=1e-12)
 
 
 def test_long_trajectory_returns_are_exact():
@@ -294,6 +310,45 @@ def test_anchor_types():
     np.testing.assert_allclose(res.step_advantages[:8], [-0.5, 0.5] * 4, atol=1e-12)
     np.testing.assert_allclose(res.step_advantages[[8, 11]], [0.0, 0.0])
     np.testing.assert_allclose(res.step_advantages[9:11], [-0.5, 0.5], atol=1e-12)
+
+
+def test_anchor_equality_is_by_value_nan_and_signed_zero():
+    # Each pair is one state: NaN objects that are not identical (as after pickling to/from an env worker), NaN
+    # inside tuples, dicts and arrays (any payload or sign), -0.0 vs 0.0 inside arrays and lists; then a different
+    # state (1.0 vs nan) that must stay apart.
+    nan_a, nan_b = float("nan"), pickle.loads(pickle.dumps(float("nan")))
+    assert nan_a is not nan_b
+    pairs = [
+        (nan_a, nan_b),
+        ((1, nan_a), (1, nan_b)),
+        ({"x": nan_a}, {"x": nan_b}),
+        (np.array([0.0, np.nan]), np.array([-0.0, -np.nan])),
+        (np.array([1 + 0j, complex(np.nan, 2)]), np.array([1 - 0j, complex(-np.nan, 2)])),
+        ([-0.0, "a"], [0.0, "a"]),
+        (torch.tensor([-0.0, float("nan")]), torch.tensor([0.0, float("nan")])),
+        (np.float32("nan"), math.nan),
+    ]
+    anchors = [a for pair in pairs for a in pair] + [(1, 1.0)]
+    n = len(anchors)
+    res = compute_gigpo_advantages(rewards=np.arange(n, dtype=float), group_ids=[0] * n,
+                                   trajectory_ids=list(range(n)), anchor_states=anchors)
+    ids = res.anchor_group_ids.tolist()
+    assert all(ids[2 * k] == ids[2 * k + 1] for k in range(len(pairs))), ids
+    assert len(set(ids)) == len(pairs) - 1 + 1  # NaN scalars of both kinds are one state; (1, 1.0) alone
+    # one-row trajectories, G = r: a pair -> -0.5, +0.5; the four NaN scalars (rewards 0, 1, 14, 15) -> r - 7.5;
+    # the lone (1, 1.0) -> 0
+    np.testing.assert_allclose(res.step_advantages[2:4], [-0.5, 0.5], atol=1e-12)
+    np.testing.assert_allclose(res.step_advantages[[0, 1, 14, 15]], [-7.5, -6.5, 6.5, 7.5], atol=1e-12)
+    assert res.step_advantages[-1] == 0.0
+    # the array fast paths: (R, d) float rows and a 1-D float array
+    rows = np.array([[0.0, np.nan], [-0.0, -np.nan], [0.0, 1.0]])
+    ids = compute_gigpo_advantages(rewards=np.zeros(3), group_ids=[0] * 3, trajectory_ids=[0, 1, 2],
+                                   anchor_states=rows).anchor_group_ids
+    assert ids[0] == ids[1] != ids[2]
+    for anchors in (np.array([np.nan, -np.nan, -0.0, 0.0]), [nan_a, nan_b, -0.0, 0.0]):
+        ids = compute_gigpo_advantages(rewards=np.zeros(4), group_ids=[0] * 4, trajectory_ids=[0, 1, 2, 3],
+                                       anchor_states=anchors).anchor_group_ids
+        assert ids[0] == ids[1] != ids[2] == ids[3]
 
 
 def test_anchor_2d_array_rows():
@@ -423,9 +478,12 @@ def _grpo(rows, mode, per_row):
         R[(g, t)] = R.get((g, t), 0.0) + r
     out = []
     for g, t, _, _ in rows:
+        if sum(1 for g2, _ in R if g2 == g) == 1:  # one trajectory in the group: no comparison, 0
+            out.append(0.0)
+            continue
         pop = [R[(g2, t2)] for g2, t2, _, _ in rows if g2 == g] if per_row else \
               [v for (g2, _), v in R.items() if g2 == g]
-        mean, std = (statistics.fmean(pop), statistics.stdev(pop)) if len(pop) > 1 else (0.0, 1.0)
+        mean, std = statistics.fmean(pop), statistics.stdev(pop)
         x = R[(g, t)] - mean
         out.append(x / (std + 1e-6) if mode == "mean_std_norm" else x)
     return np.array(out)

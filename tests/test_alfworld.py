@@ -11,6 +11,7 @@ import shutil
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import pytest
 
 pytest.importorskip("textworld")
@@ -191,6 +192,33 @@ def test_inadmissible_action_and_help(env):
     obs, _, _, info = env.step("  Go To  " + info0["admissible_actions"][0][len("go to "):].upper())
     assert info["action_valid"] is True and obs.startswith("You arrive at")
     assert "help" not in info["admissible_actions"]
+
+
+def test_anchor_after_an_invalid_action_is_the_state_the_agent_is_in():
+    from gigpo_trl.advantage import compute_gigpo_advantages
+    from gigpo_trl.envs.pool import EnvPool
+
+    task = ALFWorldEnv().tasks("train")[1]["task"]
+    with EnvPool(ALFWorldEnv) as pool:  # anchors computed as in training (env_anchor, where the env lives)
+        first = pool.reset([task, task], [0, 0])
+        moved = pool.step({0: "go to bed 1", 1: "go to diningtable 1"})
+        stuck = pool.step({0: "fly to the moon", 1: "fly to the moon"})
+        again = pool.step({0: "fly to the moon", 1: "fly to the moon"})
+    bed, table = moved[0].observation, moved[1].observation
+    assert bed.startswith("You arrive at bed 1") and table.startswith("You arrive at diningtable 1")
+    assert [r.observation for r in stuck.values()] == ["Nothing happens."] * 2
+    # two different states, each followed by invalid actions: each keeps its own state as anchor
+    assert (stuck[0].anchor, stuck[1].anchor, again[0].anchor, again[1].anchor) == (bed, table, bed, table)
+    assert moved[0].anchor == bed and first[0].anchor == first[0].observation
+    # so the step groups: reset state (2 rows), bed (2 rows of trajectory 0), diningtable (2 rows of trajectory 1)
+    anchors = [first[0].anchor, moved[0].anchor, stuck[0].anchor, first[1].anchor, moved[1].anchor, stuck[1].anchor]
+    res = compute_gigpo_advantages(rewards=np.zeros(6), group_ids=[0] * 6, trajectory_ids=[0, 0, 0, 1, 1, 1],
+                                   anchor_states=anchors)
+    assert res.anchor_group_sizes.tolist() == [2] * 6 and len(set(res.anchor_group_ids.tolist())) == 3
+    # right after reset, "Nothing happens." keeps the room description
+    with EnvPool(ALFWorldEnv) as pool:
+        start = pool.reset([task], [0])[0]
+        assert pool.step({0: "help"})[0].anchor == start.observation
 
 
 def test_episode_ends_at_max_turns():

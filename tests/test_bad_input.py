@@ -6,6 +6,8 @@ tests/test_faults.py). Each check pins the message text with ``match=``.
 
 import copy
 import json
+import re
+import warnings
 from pathlib import Path
 
 import datasets
@@ -68,6 +70,15 @@ def test_config_accepts_edge_values():
     args = GiGPOConfig(**BASE, num_generations=2, gamma=1.0, history_length=0, max_turns=1,
                        anchor_similarity_threshold=0.5)
     assert args.generation_batch_size == 8 and args.gamma == 1.0
+
+
+def test_env_step_timeout_without_workers_warns_at_init():
+    with pytest.warns(UserWarning, match=r"env_step_timeout=5.0 cannot apply with num_env_workers=0"):
+        GiGPOConfig(**BASE, num_generations=2, env_step_timeout=5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        GiGPOConfig(**BASE, num_generations=2, env_step_timeout=5.0, num_env_workers=1)
+        GiGPOConfig(**BASE, num_generations=2)
 
 
 # ----------------------------------------------------------------------------------------------- trainer init
@@ -178,16 +189,40 @@ def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
                                          r"even with no history; raise max_prompt_length"):
         GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=16),
                      processing_class=tiny_tokenizer)
-    # the first prompts fit, a later one does not even after dropping the history: a clear error at rollout time
+    # the first prompts fit, a later one does not even after dropping the history: at rollout time that fails
+    # the trajectory (recorded with the message, logged), it does not raise inside the turn loop
     trainer = GiGPOTrainer(tiny_model_dir, env=LongObsEnv, args=make_args(tmp_path, max_turns=6),
                            processing_class=tiny_tokenizer)
     first = len(trainer.collector.check_task({"task": 6, "seed": 0}))
     trainer.collector.max_prompt_length = first + 30  # turn 0 fits, turn 1 (+40 characters) does not
     right = tiny_tokenizer.encode("<think>x</think><action>left</action>")
     trainer.collector.generate_fn = lambda prompt_ids: ([right] * len(prompt_ids), None)
-    with pytest.raises(ValueError, match=rf"prompt of task 6 at turn 1 has \d+ tokens, more than "
-                                         rf"max_prompt_length={first + 30} even with no history"):
-        trainer._generate_and_score_completions([{"task": 6, "seed": 0}] * 4 + [{"task": 6, "seed": 1}] * 4)
+    batches = []
+    collect = trainer.collector.collect
+    trainer.collector.collect = lambda *a, **k: batches.append(collect(*a, **k)) or batches[-1]
+    trainer.model.train()  # as inside train(): metrics go to "train"
+    trainer._generate_and_score_completions([{"task": 6, "seed": 0}] * 4 + [{"task": 6, "seed": 1}] * 4)
+    errors = [t.error for t in batches[0].trajectories]
+    assert all(re.fullmatch(rf"prompt of task 6 at turn 1 has \d+ tokens, more than max_prompt_length={first + 30} "
+                            r"even with no history; raise max_prompt_length .*", e) for e in errors), errors
+    assert batches[0].rows == [] and trainer._metrics["train"]["episode/failed_rate"] == [1.0]
+    trainer.collector.close()
+
+
+def test_prompt_plus_completion_beyond_the_context_fails_at_init(tmp_path, tiny_tokenizer):
+    from gigpo_trl.models import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, max_positions=4096)
+    with pytest.raises(ValueError, match=r"max_prompt_length=60000 \+ max_completion_length=8 = 60008 is more than the "
+                                         r"model's context of 4096 positions \(max_position_embeddings\)"):
+        GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=60000),
+                     processing_class=tiny_tokenizer)
+    with pytest.raises(ValueError, match=r"= 4097 is more than the model's context of 4096"):
+        GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=4089),
+                     processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=4088),
+                           processing_class=tiny_tokenizer)  # exactly the context: accepted
+    assert trainer.collector.max_prompt_length == 4088
     trainer.collector.close()
 
 

@@ -88,6 +88,18 @@ def test_model_output_of_any_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
     assert len(rows) == 24 and not any(t.failed for t in seen[0]["batch"].trajectories)
     assert [r.action_valid for r in rows[:8]] == valid
     assert "\ufffd" in rows[6].completion_text and "思考" in rows[3].completion_text
+    # TRL's completion metrics over the 24 rows (each turn repeats the 8 scripted completions): only the cut one is
+    # clipped; the empty one counts as terminated (length 0)
+    lengths = [len(c) for c in scripted]
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("completions/")}
+    terminated = [n for i, n in enumerate(lengths) if i != 4]
+    assert logged == pytest.approx({
+        "completions/mean_length": np.mean(lengths), "completions/min_length": 0.0,
+        "completions/max_length": float(max(lengths)), "completions/clipped_ratio": 1 / 8,
+        "completions/mean_terminated_length": np.mean(terminated),
+        "completions/min_terminated_length": 0.0, "completions/max_terminated_length": float(max(terminated)),
+    })
+    assert trainer._metrics["train"]["episode/truncated_rate"] == [0.0]  # every episode ended with done
     n = len(rows)
     # the trainer's advantages are the estimator's on the same rows, penalty included
     torch.testing.assert_close(out["advantages"][:n], torch.tensor(expected_advantages(rows), dtype=torch.float32))
@@ -184,9 +196,12 @@ def test_env_faults_in_workers_hang_and_death(tmp_path, tiny_model_dir, tiny_tok
     trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {5: "<action>die</action>"},
                                                                   4: {6: "<action>hang</action>"}})
     seen = capture(trainer)
+    close_pools, final_pids = trainer.collector.close_pools, []
+    trainer.collector.close_pools = lambda: final_pids.append(pool.worker_pids()) or close_pools()
     with caplog.at_level(logging.WARNING):
         trainer.train()
     assert trainer.state.global_step == 4 and len(seen) == 2
+    assert pool._closed and len(final_pids) == 1  # train() closes its pools at the end
     check_healthy_group_statistics(seen[0], failed={1, 3, 5, 7})
     check_healthy_group_statistics(seen[1], failed={0, 2, 4, 6})
     first, second = seen[0]["batch"].trajectories, seen[1]["batch"].trajectories
@@ -195,7 +210,7 @@ def test_env_faults_in_workers_hang_and_death(tmp_path, tiny_model_dir, tiny_tok
     assert second[6].error == "slot 6, task 3: step failed: timed out after 2.0s"
     assert "worker restarted because another slot of worker 0 failed (timed out" in second[0].error
     assert "restarting worker 1" in caplog.text and "restarting worker 0" in caplog.text
-    new_pids = pool.worker_pids()
+    new_pids = final_pids[0]
     assert new_pids[0] != pids[0] and new_pids[1] != pids[1] and None not in new_pids
     rates = [log["episode/failed_rate"] for log in trainer.state.log_history if "episode/failed_rate" in log]
     assert rates == [0.5, 0.5]

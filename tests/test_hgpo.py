@@ -221,6 +221,15 @@ def test_history_as_2d_array():
     # row 0: level 0 (1 - 1/2) weight 1, level 1 the same, weight 2; level 2 {1, 0, 1}: 1 - 2/3, weight 3
     assert res.step_advantages[0] == pytest.approx((0.5 + 2 * 0.5 + 3 / 3) / 6)
     assert res.step_advantages[2] == pytest.approx(-0.5)
+    # one key per row (D = 1 < K): the rows count as one turn into their episodes; D = 0: all at the start
+    one = compute_gigpo_advantages(rewards=[1.0, 0.0, 0.0, 1.0], group_ids=[0] * 4, trajectory_ids=[0, 1, 2, 3],
+                                   anchor_states=["s"] * 4, history_keys=torch.tensor([[2], [2], [3], [2]]),
+                                   step_grouping="hierarchical", hierarchy_depth=2)
+    assert one.level_group_sizes.tolist() == [[4, 3, 3], [4, 3, 3], [4, 1, 1], [4, 3, 3]]
+    none = compute_gigpo_advantages(rewards=[1.0, 0.0], group_ids=[0, 0], trajectory_ids=[0, 1],
+                                    anchor_states=["s"] * 2, history_keys=np.zeros((2, 0), dtype=np.int64),
+                                    step_grouping="hierarchical", hierarchy_depth=2)
+    assert none.level_group_sizes.tolist() == [[2, 2, 2]] * 2 and none.step_advantages.tolist() == [0.5, -0.5]
 
 
 def test_key_types_int_fast_path_agrees_with_general_path():

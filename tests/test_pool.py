@@ -1,11 +1,13 @@
 import functools
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv
@@ -63,10 +65,22 @@ def _trace(pool):
     return out
 
 
-def test_in_process_and_workers_agree():
+RAY = pytest.mark.ray
+
+
+def _backend(request, backend):
+    """The backend name; for "ray", the session's local Ray instance is started first (see conftest)."""
+    if backend == "ray":
+        request.getfixturevalue("ray_local")
+    return backend
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("ray", marks=RAY)])
+def test_in_process_and_workers_agree(request, backend):
+    backend = _backend(request, backend)
     with EnvPool(FrozenLakeEnv, num_workers=0) as local:
         expected = _trace(local)
-    with EnvPool(functools.partial(FrozenLakeEnv, size=4), num_workers=2, step_timeout=10) as pool:
+    with EnvPool(functools.partial(FrozenLakeEnv, size=4), num_workers=2, step_timeout=10, backend=backend) as pool:
         assert pool.num_slots == 0
         assert _trace(pool) == expected
         assert pool.num_slots == len(TASKS)
@@ -74,9 +88,10 @@ def test_in_process_and_workers_agree():
     assert first[0] == first[3] == "P _ _ _\nO O _ _\n_ O O _\nO _ _ G"
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_env_raising_in_step_only_ends_its_slot(num_workers, caplog):
-    with EnvPool(TrickyEnv, num_workers=num_workers, step_timeout=10) as pool:
+@pytest.mark.parametrize("num_workers, backend", [(0, "process"), (2, "process"), pytest.param(2, "ray", marks=RAY)])
+def test_env_raising_in_step_only_ends_its_slot(request, num_workers, backend, caplog):
+    backend = _backend(request, backend)
+    with EnvPool(TrickyEnv, num_workers=num_workers, step_timeout=10, backend=backend) as pool:
         pool.reset([0, RAISE_TASK, 2, 3], [0, 0, 0, 0])
         with caplog.at_level(logging.WARNING, logger="gigpo_trl.envs.pool"):
             results = pool.step({0: "right", 1: "right", 2: "down", 3: "down"})
@@ -125,21 +140,50 @@ def test_killed_worker_gives_errors_then_recovers():
         assert all(r.error is None for r in pool.step({1: "down", 3: "down"}).values())
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_nan_reward_and_bad_observation_are_error_results(num_workers):
-    with EnvPool(TrickyEnv, num_workers=num_workers) as pool:
+@pytest.mark.parametrize("num_workers, backend", [(0, "process"), (1, "process"), pytest.param(1, "ray", marks=RAY)])
+def test_nan_reward_and_bad_observation_are_error_results(request, num_workers, backend):
+    backend = _backend(request, backend)
+    with EnvPool(TrickyEnv, num_workers=num_workers, backend=backend) as pool:
         pool.reset([NAN_TASK, 0], [0, 0])
         results = pool.step({0: "right", 1: "right"})
         assert results[0].done and "finite" in results[0].error and str(NAN_TASK) in results[0].error
         assert results[1].error is None and results[1].reward == 0.0
-    with EnvPool(DictObsEnv, num_workers=num_workers) as pool:
+    with EnvPool(DictObsEnv, num_workers=num_workers, backend=backend) as pool:
         pool.reset([0], [0])
         result = pool.step({0: "right"})[0]
         assert result.done and "must be str" in result.error and "anchor_state" in result.error
-    with EnvPool(ListAnchorEnv, num_workers=num_workers) as pool:
+    with EnvPool(ListAnchorEnv, num_workers=num_workers, backend=backend) as pool:
         first = pool.reset([0], [0])[0]
         assert first.error is not None and "unhashable" in first.error and first.done
         assert "no active episode" in pool.step({0: "up"})[0].error
+
+
+class NanAnchorEnv(FrozenLakeEnv):
+    """Anchors hold the module constant math.nan (one object in-process, a fresh one after each pickling) and a
+    zero whose sign depends on the seed: equal states must still share a key."""
+
+    def reset(self, task, seed=None):
+        self.zero = -0.0 if seed % 2 else 0.0
+        return super().reset(task, seed)
+
+    def anchor_state(self, observation):
+        return (observation, math.nan, (self.zero, math.nan))
+
+
+@pytest.mark.parametrize("num_workers, backend", [(0, "process"), (2, "process"), pytest.param(2, "ray", marks=RAY)])
+def test_nan_anchors_group_the_same_in_process_and_in_workers(request, num_workers, backend):
+    from gigpo_trl.advantage import compute_gigpo_advantages
+
+    backend = _backend(request, backend)
+    with EnvPool(NanAnchorEnv, num_workers=num_workers, backend=backend) as pool:
+        anchors = [r.anchor for r in pool.reset([0, 0, 0, 0], [0, 1, 0, 1])]  # four copies of one start state
+        anchors += [r.anchor for r in pool.step({0: "right", 1: "right", 2: "down", 3: "down"}).values()]
+    res = compute_gigpo_advantages(rewards=np.arange(8.0), group_ids=[0] * 8, trajectory_ids=[0, 1, 2, 3] * 2,
+                                   anchor_states=anchors)
+    # turn 0: one state (4 rows); then "right" (slots 0, 1) and "down" (slots 2, 3): two states
+    assert res.anchor_group_sizes.tolist() == [4, 4, 4, 4, 2, 2, 2, 2]
+    ids = res.anchor_group_ids.tolist()
+    assert ids[4] == ids[5] != ids[6] == ids[7]
 
 
 def test_unpicklable_factory_rejected():
@@ -148,14 +192,43 @@ def test_unpicklable_factory_rejected():
     EnvPool(lambda: FrozenLakeEnv(), num_workers=0).close()  # fine in-process
 
 
-def test_ray_backend_missing_gives_install_hint():
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match=r"gigpo_trl\[ray\]"):
-            EnvPool(FrozenLakeEnv, num_workers=1, backend="ray")
-    else:
-        pytest.skip("ray is installed")
+def test_ray_backend_missing_gives_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: `import ray` raises ImportError
+    with pytest.raises(ImportError, match=r"gigpo_trl\[ray\]"):
+        EnvPool(FrozenLakeEnv, num_workers=1, backend="ray")
+
+
+@RAY
+def test_ray_hanging_env_times_out_and_actor_restarts(ray_local):
+    with EnvPool(TrickyEnv, num_workers=2, step_timeout=0.5, backend="ray") as pool:
+        pool.reset([0, 1, HANG_TASK, 3], [0, 0, 0, 0])  # slots 0, 2 in actor 0; slots 1, 3 in actor 1
+        actor0 = pool._workers[0].actor
+        start = time.monotonic()
+        results = pool.step({0: "right", 1: "down", 2: "down", 3: "down"})
+        # Ray bounds a whole actor message: 0.5 s x 2 slots; both slots of the hung actor fail, the other is fine
+        assert time.monotonic() - start < 10
+        assert "timed out after 1.0s" in results[2].error and str(HANG_TASK) in results[2].error and results[2].done
+        assert "timed out" in results[0].error
+        assert results[1].error is None and results[3].error is None
+        assert pool._workers[0].actor != actor0
+        results = pool.reset([0, 1, 2, 3], [0, 0, 0, 0])
+        assert all(r.error is None for r in results)
+        assert all(r.error is None for r in pool.step({s: "right" for s in range(4)}).values())
+
+
+@RAY
+def test_ray_killed_actor_gives_errors_then_recovers(ray_local):
+    with EnvPool(FrozenLakeEnv, num_workers=2, step_timeout=10, backend="ray") as pool:
+        pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])  # actor 1 holds slots 1, 3
+        ray_local.kill(pool._workers[1].actor)
+        results = pool.step({0: "right", 1: "down"})
+        assert results[0].error is None
+        assert results[1].done and "worker actor died" in results[1].error and "task 1" in results[1].error
+        lost = pool.step({3: "down"})[3]  # slot 3 lived in the dead actor too: its episode is gone
+        assert lost.done and "worker restarted" in lost.error
+        results = pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])
+        assert all(r.error is None for r in results)
+        assert all(r.error is None for r in pool.step({1: "down", 3: "down"}).values())
 
 
 def test_envs_reused_across_resets_and_pool_grows():

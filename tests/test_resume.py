@@ -1,6 +1,8 @@
 """Checkpoint and resume: a run stopped after step k and resumed from checkpoint-k matches the uninterrupted run
 (same tasks rolled out, same advantages, same weights within a CPU tolerance)."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from toy_env import NoisyCorridorEnv
 from transformers import TrainerCallback
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl.config import scrubbed_tokens
 
 
 def make_args(output_dir, **overrides):
@@ -118,8 +121,13 @@ def test_hub_token_never_written_or_logged(tmp_path, tiny_model_dir, tiny_tokeni
     secret = "hf_DoNotLeakThisToken123"
     args = make_args(tmp_path / "out", max_steps=1, hub_token=secret)
     assert secret not in str(args) and secret not in repr(args.to_dict())
-    assert secret not in repr(pickle.loads(pickle.dumps(args)).__dict__)
     assert args.hub_token == secret  # the live config keeps it for push_to_hub
+    # copies keep it too (a copied config must still be able to push); only what is saved is scrubbed
+    assert copy.copy(args).hub_token == copy.deepcopy(args).hub_token == secret
+    assert pickle.loads(pickle.dumps(args)).hub_token == secret
+    with scrubbed_tokens():
+        assert secret.encode() not in pickle.dumps(args) and pickle.loads(pickle.dumps(args)).hub_token is None
+    assert copy.deepcopy(args).hub_token == secret
     trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
     trainer.train()
     files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
@@ -128,6 +136,7 @@ def test_hub_token_never_written_or_logged(tmp_path, tiny_model_dir, tiny_tokeni
         assert secret.encode() not in path.read_bytes(), path
     saved = torch.load(next(p for p in files if p.name == "training_args.bin"), weights_only=False)
     assert saved.hub_token is None and saved.max_turns == args.max_turns
+    assert trainer.args.hub_token == secret  # saving did not touch the live config
     out = capsys.readouterr()
     assert secret not in out.out + out.err + caplog.text
     assert secret not in repr(trainer.state.log_history)

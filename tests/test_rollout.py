@@ -1,8 +1,11 @@
 """RolloutCollector with a scripted policy: row bookkeeping, grouping, history window, failures."""
 
+import re
+
 import pytest
 from toy_env import CorridorEnv
 
+from gigpo_trl.metrics import episode_metrics
 from gigpo_trl.rollout import RolloutCollector
 
 
@@ -50,6 +53,7 @@ def test_rows_equal_sum_of_trajectory_lengths(tiny_tokenizer):
     assert [t.won for t in batch.trajectories] == [True, False, True, False]
     assert [t.episode_return for t in batch.trajectories] == [1.0, 0.0, 1.0, 0.0]
     assert [t.truncated for t in batch.trajectories] == [False, True, False, True]
+    assert episode_metrics(batch.trajectories)["episode/truncated_rate"] == 0.5
     # the policy answers by position in the call: once envs 0 and 2 are done, env 3 is second and gets LEFT
     valid = [r.action_valid for r in batch.rows if r.trajectory_id == (0, 3)]
     assert valid == [False, False, False, True, True]
@@ -97,7 +101,36 @@ def test_history_dropped_before_error(tiny_tokenizer):
     assert "Your last" not in tiny_tokenizer.decode(fitted.rows[-1].prompt_ids)
     collector, _ = make_collector(tiny_tokenizer, [LEFT], env=factory, max_turns=4, max_prompt_length=10)
     with pytest.raises(ValueError, match="max_prompt_length=10 even with no history"):
-        collector.collect([{"task": 6, "seed": 0}], group_ids=["g"])
+        collector.check_task({"task": 6, "seed": 0})  # the init check raises; the turn loop never does
+    batch = collector.collect([{"task": 6, "seed": 0}], group_ids=["g"])
+    assert batch.trajectories[0].failed and "max_prompt_length=10 even with no history" in batch.trajectories[0].error
+    assert batch.rows == [] and batch.num_generate_calls == 0
+
+
+class GrowingObsEnv(CorridorEnv):
+    """The observation of the task with seed 1 becomes 2,000 characters long from turn 3 on."""
+
+    def reset(self, task, seed=None):
+        self.seed, self.turn = seed, 0
+        return super().reset(task, seed)
+
+    def step(self, action):
+        self.turn += 1
+        obs, reward, done, info = super().step(action)
+        return (obs + " x" * 1000 if self.seed == 1 and self.turn >= 3 else obs), reward, done, info
+
+
+def test_prompt_too_long_at_a_later_turn_fails_only_its_trajectory(tiny_tokenizer, caplog):
+    collector, policy = make_collector(tiny_tokenizer, [LEFT], env=GrowingObsEnv, max_turns=5, history_length=0,
+                                       max_prompt_length=600, sync_fn=lambda n: max(n, 2))
+    with caplog.at_level("WARNING", logger="gigpo_trl.rollout"):
+        batch = collector.collect([{"task": 9, "seed": 0}, {"task": 9, "seed": 1}], group_ids=["g", "g"])
+    bad = batch.trajectories[1]
+    assert bad.failed and bad.num_turns == 3 and not batch.trajectories[0].failed
+    assert re.search(r"prompt of task 9 at turn 3 has \d+ tokens, more than max_prompt_length=600", bad.error)
+    assert any("(0, 1) (task 9) failed: prompt of task 9 at turn 3" in r.getMessage() for r in caplog.records)
+    # its rows are dropped; the healthy one runs all 5 turns, and every call still has the synced size
+    assert [r.trajectory_id for r in batch.rows] == [(0, 0)] * 5 and policy.calls == [2] * 5
 
 
 class FlakyEnv(CorridorEnv):

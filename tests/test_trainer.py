@@ -149,3 +149,166 @@ def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_to
     returns = [t.episode_return for t in batches[1].trajectories]
     assert returns == [1.0, 1.0, 1.0, 0.0]
     assert out["advantages"].abs().sum() > 0
+
+
+def _dropout_model(tokenizer, p=0.5):
+    from gigpo_trl.models import build_tiny_model
+
+    model = build_tiny_model(tokenizer)
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = p
+    return model
+
+
+def test_evaluate_runs_in_eval_mode_and_restores_the_mode(tmp_path, tiny_tokenizer):
+    import datasets
+
+    tasks = datasets.Dataset.from_dict({"task": [5, 6], "seed": [0, 1]})
+    args = make_args(tmp_path, disable_dropout=False, max_turns=2, per_device_eval_batch_size=2)
+    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+    generate, calls = trainer.collector.generate_fn, []
+
+    def policy_logits(prompt):  # the policy as the generator sees it at this moment (dropout applies in train mode)
+        with torch.no_grad():
+            return trainer.model(torch.tensor([prompt])).logits[0, -1]
+
+    def recording(prompt_ids):
+        calls.append((trainer.model.training, policy_logits(prompt_ids[0])))
+        return generate(prompt_ids)
+
+    trainer.collector.generate_fn = recording
+    prompt = trainer.collector.check_task({"task": 5, "seed": 0})
+    trainer.model.train()  # the test can fail: in train mode the same prompt gives other logits each time
+    assert not torch.equal(policy_logits(prompt), policy_logits(prompt))
+    trainer.evaluate(tasks)
+    assert trainer.model.training, "the previous (train) mode must be restored"
+    n = len(calls)
+    trainer.evaluate(tasks)
+    assert n == 2 and len(calls) == 4 and not any(training for training, _ in calls)  # 2 turns per evaluation
+    for (_, a), (_, b) in zip(calls[:n], calls[n:]):
+        assert torch.equal(a, b), "the same weights must give the same policy in two evaluations"
+    # restored also when the evaluation raises
+    trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
+    with pytest.raises(RuntimeError, match="generation failed"):
+        trainer.evaluate(tasks)
+    assert trainer.model.training and trainer.generation_config.do_sample
+    trainer.collector.close()
+
+
+def test_dropout_is_off_by_default_so_sampling_and_scoring_agree(tmp_path, tiny_tokenizer):
+    from peft import LoraConfig
+
+    assert GiGPOConfig(output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False).disable_dropout is True
+    peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=CorridorEnv, args=make_args(tmp_path),
+                           processing_class=tiny_tokenizer, peft_config=peft_config)
+    modules = list(trainer.model.modules())
+    lora = [m for m in modules if isinstance(m, torch.nn.Dropout)]
+    attention = [m.attention_dropout for m in modules if isinstance(getattr(m, "attention_dropout", None), float)]
+    assert len(lora) == 2 and all(m.p == 0 for m in lora)  # one LoRA dropout per q_proj of the 2 layers
+    assert attention == [0.0, 0.0]
+    trainer.collector.close()
+
+
+def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, tiny_tokenizer):
+    args = make_args(tmp_path, num_env_workers=1, env_step_timeout=30)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    pool = trainer.collector.pools["default"]
+    workers = [w.process for w in pool._workers]
+    assert len(workers) == 1 and workers[0].is_alive()
+    trainer.train()
+    workers[0].join(timeout=5)
+    assert pool._closed and trainer.collector.pools == {} and not workers[0].is_alive()
+    # evaluate (or train) afterwards starts a fresh pool
+    metrics = trainer.evaluate(trainer.train_dataset.select(range(2)))
+    assert metrics["eval_num_tasks"] == 2.0 and trainer.collector.pools["default"].worker_pids()[0] is not None
+    second = trainer.collector.pools["default"]
+    alive = [w.process for w in second._workers]
+    assert all(p.is_alive() for p in alive)
+    # an error inside train() closes the pool too
+    trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
+    trainer.args.max_steps = 2
+    with pytest.raises(RuntimeError, match="generation failed"):
+        trainer.train()
+    assert second._closed and trainer.collector.pools == {}
+    for p in alive:
+        p.join(timeout=5)
+    assert not any(p.is_alive() for p in alive)
+    trainer.collector.close()
+
+
+def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
+    import datasets
+
+    tasks = datasets.Dataset.from_dict({"task": [3, 4, 5, 6], "seed": [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match=r"train_dataset is a datasets.IterableDataset; GiGPO needs a map-style "
+                                         r"datasets.Dataset of tasks .* datasets.Dataset.from_list"):
+        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer,
+                     train_dataset=tasks.to_iterable_dataset())
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path, eval_max_tasks=3),
+                           processing_class=tiny_tokenizer)
+    right = tiny_tokenizer.encode("<think>go</think><action>right</action>")
+    trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
+    # an iterable eval set is accepted: same episodes as the map-style one (the first 3 tasks)
+    iterable, mapped = trainer.evaluate(tasks.to_iterable_dataset()), trainer.evaluate(tasks)
+    assert iterable["eval_num_tasks"] == mapped["eval_num_tasks"] == 3.0
+    # lengths 3, 4, 5 from positions 0, 1, 2: 2 turns each, all within max_turns=4
+    assert iterable["eval_success_rate"] == mapped["eval_success_rate"] == 1.0
+    assert iterable["eval_length_mean"] == mapped["eval_length_mean"] == 2.0
+    with pytest.raises(ValueError, match=r"eval_dataset has no 'task' column \(columns: \['goal'\]\)"):
+        trainer.evaluate(datasets.Dataset.from_dict({"goal": [1]}).to_iterable_dataset())
+    trainer.collector.close()
+
+
+@pytest.mark.parametrize("keep_step_signal", [True, False])
+def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                            keep_step_signal, caplog):
+    import datasets
+
+    # Group "3": corridor 3 from 0. In the first call envs 1 and 3 go left (stay at 0), the others right; then all go
+    # right: envs 0, 2 win at turn 2 and envs 1, 3 at turn 3. Returns all 1 (flat for DAPO), but the step group of
+    # position 0 holds G = 0.95 (env 0, 2 at turn 0) and 0.9025, 0.95 (env 1, 3 at turns 0 and 1): A_S != 0.
+    # Group "60" never reaches its goal in 4 turns: returns all 0 and identical trajectories, no signal at all. Its
+    # replacements (length-3 corridors, always right) are identical wins: flat again, after both extra rounds.
+    train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
+    args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
+                     dynamic_sampling_keep_step_signal=keep_step_signal)
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=train,
+                           processing_class=tiny_tokenizer)
+    right, left = (tiny_tokenizer.encode(f"<think>x</think><action>{a}</action>") for a in ("right", "left"))
+    calls = []
+
+    def policy(ids):
+        calls.append(len(ids))
+        return [left if len(calls) == 1 and pos in (1, 3) else right for pos in range(len(ids))], None
+
+    trainer.collector.generate_fn = policy
+    collect, batches = trainer.collector.collect, []  # (trajectories, (return, turns) as collected)
+
+    def recording(*a, **k):
+        batch = collect(*a, **k)
+        batches.append((batch.trajectories, [(t.episode_return, t.num_turns) for t in batch.trajectories]))
+        return batch
+
+    trainer.collector.collect = recording
+    trainer.model.train()
+    inputs = [{"task": 3, "seed": 0}] * 4 + [{"task": 60, "seed": 0}] * 4
+    with caplog.at_level("WARNING", logger="gigpo_trl.trainer"):
+        out = trainer._generate_and_score_completions(inputs)
+        trainer._generate_and_score_completions(inputs)
+    assert batches[0][1][:4] == [(1.0, 2), (1.0, 3), (1.0, 2), (1.0, 3)]
+    logged = trainer._metrics["train"]
+    if keep_step_signal:
+        assert [len(b[0]) for b in batches[:3]] == [8, 4, 4]  # group "60" replaced twice, group "3" kept
+        assert logged["dynamic_sampling/replaced_groups"][0] == 2.0
+        assert logged["dynamic_sampling/still_flat_groups"][0] == 1.0
+        n = 2 + 3 + 2 + 3
+        assert out["advantages"][:n].abs().sum() > 0  # the kept group's step signal reaches the loss
+    else:  # DAPO's rule: both groups replaced in each round, both still flat at the end
+        assert [len(b[0]) for b in batches[:3]] == [8, 8, 8]
+        assert logged["dynamic_sampling/replaced_groups"][0] == 4.0
+        assert logged["dynamic_sampling/still_flat_groups"][0] == 2.0
+    warnings = [r for r in caplog.records if "still have all-equal returns" in r.getMessage()]
+    assert len(warnings) == 1, "warned once, not on every iteration"
+    trainer.collector.close()

@@ -15,9 +15,11 @@ from gigpo_trl.envs.webshop import (
     BUNDLED_DIR,
     SUCCESS_REWARD,
     WebShopEnv,
+    _split_goals,
     _Store,
     attribute_matched,
     get_store,
+    goal_spec,
     load_bundled,
     normalize,
     webshop_score,
@@ -125,13 +127,13 @@ def test_distinct_catalog_attributes_do_not_match_each_other(env):
 
 
 def test_env_reward_partial_and_full(env):
-    # eval-0000 asks for 1 attribute and 2 options (color, thickness).
-    goal = env.store.goal_by_id["eval-0000"]
+    # eval-0004 asks for 1 attribute and 2 options (color, size).
+    goal = env.store.goal_by_id["eval-0004"]
     assert len(goal["attributes"]) == 1 and len(goal["options"]) == 2
     target = env.store.products[env.store.by_asin[goal["asin"].lower()]]
 
     def buy(options):
-        env.reset("eval-0000", 0)
+        env.reset("eval-0004", 0)
         env.step(f"search[{target['title']}]")
         assert target["asin"] in env._obs  # the title query ranks the product on page 1
         env.step(f"click[{target['asin']}]")
@@ -295,6 +297,33 @@ def test_splits_and_catalog(env):
         env.reset("nope-0001", 0)
 
 
+def test_bundled_goal_specs_are_unique_and_never_cross_splits(env):
+    # train-0809 / eval-0061 used to be one goal (herbal tea, non gmo, 40 count, under $10) worded twice
+    specs = {split: [goal_spec(g, price=False) for g in goals] for split, goals in env.store.splits.items()}
+    assert len(specs["train"]) == 1000 and len(specs["eval"]) == 200
+    assert len(set(specs["train"]) | set(specs["eval"])) == 1200  # not even a re-priced copy anywhere
+
+
+def test_split_goals_groups_near_duplicates_in_one_split():
+    def goal(i, ptype="tea", attrs=("non gmo",), opts=("40 count",), cap=10.0, text=None):
+        text = text or f"goal {i} {ptype} {' '.join(attrs)} {' '.join(opts)}"
+        return {"id": i, "product_type": ptype, "attributes": list(attrs), "options": list(opts),
+                "price_upper": cap, "instruction": f"{text}, and price lower than {cap:.2f} dollars"}
+
+    goals = [
+        goal(0),                                                # eval (first group)
+        goal(1, text="find me NON GMO tea"),                    # same spec, other wording: one task, dropped
+        goal(2, cap=20.0),                                      # same spec, other cap: eval with 0
+        goal(3, ptype="coffee"),                                # new group: train (eval is full)
+        goal(4, ptype="soap", text="goal 0 tea non gmo 40 count"),  # other spec, eval's text: eval
+        goal(5, attrs=("Non GMO",), opts=("40 Count",), cap=20.0),  # = goal 2 after normalisation: dropped
+        goal(6, ptype="coffee", cap=30.0),                      # re-priced coffee: train with 3
+    ]
+    train, evals = _split_goals(goals, n_eval=1)
+    assert [g["id"] for g in evals] == [0, 2, 4] and [g["id"] for g in train] == [3, 6]
+    assert goal_spec(goals[5]) == goal_spec(goals[2]) != goal_spec(goals[0])
+
+
 def test_every_goal_is_achievable(env):
     for goals in env.store.splits.values():
         for g in goals:
@@ -410,6 +439,24 @@ def test_real_format_loader(tmp_path, monkeypatch):
     monkeypatch.setenv("WEBSHOP_DATA", str(data))
     assert WebShopEnv().store is store
     check_env(env)
+
+
+def test_real_format_near_duplicates_share_a_split(tmp_path):
+    # B0FAKE0005 repeats B0FAKE0001's goal (same instruction, attributes and options) for another asin, so its
+    # price cap (chosen by the asin) and price clause may differ: the two must never be split across train/eval
+    data = _fake_webshop_dir(tmp_path / "ws")
+    products = json.loads((data / "items_shuffle_1000.json").read_text())
+    ins = json.loads((data / "items_ins_v2_1000.json").read_text())
+    products.append({**products[0], "asin": "B0FAKE0005", "pricing": "$14.99"})
+    ins["B0FAKE0005"] = dict(ins["B0FAKE0001"])
+    (data / "items_shuffle_1000.json").write_text(json.dumps(products))
+    (data / "items_ins_v2_1000.json").write_text(json.dumps(ins))
+    store = WebShopEnv(data_dir=data).store
+    where = {g["asin"]: split for split, goals in store.splits.items() for g in goals}
+    assert set(where) == {"B0FAKE0001", "B0FAKE0002", "B0FAKE0004", "B0FAKE0005"}
+    assert where["B0FAKE0001"] == where["B0FAKE0005"]
+    caps = {g["asin"]: g["price_upper"] for goals in store.splits.values() for g in goals}
+    assert caps["B0FAKE0001"] != caps["B0FAKE0005"]  # a re-priced copy: kept, in the same split
 
 
 def test_real_format_missing_and_malformed(tmp_path):

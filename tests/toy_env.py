@@ -73,6 +73,19 @@ class FixedLengthEnv(CorridorEnv):
         return datasets.Dataset.from_dict({"task": [1, 3, 2, 4], "seed": [0, 0, 0, 0]})
 
 
+class LongObsAtTurn3Env(FixedLengthEnv):
+    """FixedLengthEnv whose task-4 episodes answer their third step with a 3,000-character observation: the prompt
+    of turn 3 cannot fit a small ``max_prompt_length``, on the rank that rolls out task 4 only."""
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return (obs + " ." * 1500 if self.task_length == 4 and self.remaining == 1 else obs), reward, done, info
+
+    def reset(self, task, seed=None):
+        self.task_length = int(task)
+        return super().reset(task, seed)
+
+
 class FaultyEnv(FixedLengthEnv):
     """FixedLengthEnv that misbehaves on command, for the fault tests (tests/test_faults.py).
 

@@ -21,8 +21,9 @@ Protocol: ``reset(task, seed)`` returns the room description followed by the tas
 engine's feedback, reward ``10`` when the goal is reached (else ``0``), ``done`` on success or after
 ``max_turns`` (50) steps. ``info["admissible_actions"]`` is the engine's sorted command list without ``help``.
 An action outside that list leaves the state unchanged, answers ``"Nothing happens."`` and sets
-``info["action_valid"] = False``. Games are deterministic: ``seed`` does not change them (the same task
-and seed always give the same first observation).
+``info["action_valid"] = False``; the anchor state of the next turn is then the last informative observation
+(see :meth:`ALFWorldEnv.anchor_state`), not the reply shared by every state. Games are deterministic: ``seed``
+does not change them (the same task and seed always give the same first observation).
 
 Needs the optional ``alfworld`` package (``pip install 'gigpo_trl[alfworld]'``), imported on first use.
 """
@@ -320,6 +321,7 @@ class ALFWorldEnv(TextEnv):
         self._task: str | None = None
         self._task_type: str | None = None
         self._instruction = ""
+        self._informative: str | None = None  # last observation other than "Nothing happens."
         self._admissible: list[str] = []
         self._turn = 0
         self._done = True
@@ -416,6 +418,7 @@ class ALFWorldEnv(TextEnv):
         self._admissible = [c for c in state["admissible_commands"] if c != "help"]
         self._turn = 0
         self._done = False
+        self._informative = text
         info = {
             "instruction": self._instruction,
             "admissible_actions": list(self._admissible),
@@ -439,6 +442,8 @@ class ALFWorldEnv(TextEnv):
             self._admissible = [c for c in state["admissible_commands"] if c != "help"]
         else:
             obs = NOTHING_HAPPENS  # what the engine answers too; the state is unchanged
+        if obs != NOTHING_HAPPENS:
+            self._informative = obs
         won = bool(self._state["won"])
         self._turn += 1
         done = won or self._turn >= self.max_turns
@@ -451,6 +456,15 @@ class ALFWorldEnv(TextEnv):
             "turn": self._turn,
         }
         return obs, (SUCCESS_REWARD if won else 0.0), done, info
+
+    def anchor_state(self, observation: Any) -> Any:
+        """The observation, except after ``"Nothing happens."`` (an invalid or ineffective action, in any room
+        with any inventory): the state did not change, so the anchor is the last informative observation (the
+        reset text or the last other feedback), and such rows share a step group with the rows acting from that
+        state rather than with every other failed action of the group (GiGPO Sec. 3.2)."""
+        if observation == NOTHING_HAPPENS and self._informative is not None:
+            return self._informative
+        return observation
 
     def close(self) -> None:
         if self._engine is not None:

@@ -19,7 +19,9 @@ Backends:
   error of the slot whose env call was running when the worker hung or died says so ("timed out", "worker
   process died"); the other slots of the call are told "worker restarted because another slot ... failed".
 - ``backend="ray"``: one Ray actor per worker instead of a process (needs ``pip install gigpo_trl[ray]``);
-  the timeout there bounds a whole worker message (``step_timeout`` times its number of slots).
+  the timeout there bounds a whole worker message (``step_timeout`` times its number of slots), and every slot
+  of a timed-out or dead actor fails with it (no per-slot progress counter). Actor start-up is waited for
+  separately (like a worker process's), so it never counts as env time.
 
 Environments are created lazily by ``env_factory`` (one instance per slot, where the slot lives) and reused
 across ``reset`` calls. With workers, the factory must be picklable (a class, a module-level function or a
@@ -549,6 +551,8 @@ class EnvPool:
         import ray
 
         per_worker = self._split(items)
+        for i in per_worker:  # actor start-up (a new process, imports, the factory) is not env time
+            self._workers[i].wait_ready(_STARTUP_TIMEOUT)
         refs = {self._workers[i].submit(kind, worker_items): i for i, worker_items in per_worker.items()}
         timeout = None if self.step_timeout is None else self.step_timeout * max(len(v) for v in per_worker.values())
         done, not_done = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
@@ -586,8 +590,23 @@ class _RayWorker:
         self.env_factory = env_factory
         self._actor_class = ray.remote(num_cpus=1)(_RayRunner)
         self.actor = self._actor_class.remote(env_factory)
-        self.ready = True
+        self.ready = False
         self.pid = None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the actor answers (it has started and unpickled the factory); fatal if it cannot."""
+        import ray
+
+        if self.ready:
+            return
+        try:
+            ray.get(self.actor.count.remote(), timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - GetTimeoutError, RayActorError, ...
+            raise RuntimeError(
+                f"EnvPool Ray worker {self.index} did not start ({type(exc).__name__}: {exc}); check that env_factory "
+                "can be unpickled in a fresh process (defined in an importable module)"
+            ) from None
+        self.ready = True
 
     def submit(self, kind: str, items: list[tuple]):
         return self.actor.run.remote(kind, items)
@@ -605,6 +624,7 @@ class _RayWorker:
         except Exception:  # noqa: BLE001
             pass
         self.actor = self._actor_class.remote(self.env_factory)
+        self.ready = False
 
     def close(self) -> None:
         import ray

@@ -354,6 +354,37 @@ def _real_product(raw: Any, path: Path, ins: dict) -> dict:
     }
 
 
+def goal_spec(goal: dict, price: bool = True) -> tuple:
+    """What a goal's reward depends on (see the module doc): normalised product type, the sorted normalised
+    attributes and option values and, with ``price``, the price cap. Two goals with one spec are one task, however
+    their instructions are worded."""
+    spec = (normalize(goal.get("product_type", "")), tuple(sorted(normalize(a) for a in goal.get("attributes") or [])),
+            tuple(sorted(normalize(o) for o in _option_values(goal.get("options")))))
+    return (*spec, float(goal.get("price_upper", math.inf))) if price else spec
+
+
+def _split_goals(goals: list[dict], n_eval: int) -> tuple[list[dict], list[dict]]:
+    """``(train, eval)`` of shuffled ``goals``: one goal per :func:`goal_spec` (first kept), and goals that share
+    the spec without the price cap, or the instruction text without its price clause, in one split only (the
+    first ``n_eval`` such groups in order form eval), so no eval goal has a reworded or re-priced copy in train."""
+    seen, train, evals, eval_keys, train_keys = set(), [], [], set(), set()
+    for g in goals:
+        if goal_spec(g) in seen:
+            continue
+        seen.add(goal_spec(g))
+        keys = {goal_spec(g, price=False), normalize(_PRICE_CLAUSE.sub("", g["instruction"]))}
+        if keys & eval_keys or (not keys & train_keys and len(evals) < n_eval):
+            evals.append(g)
+            eval_keys |= keys
+        else:
+            train.append(g)
+            train_keys |= keys
+    # a goal linked to eval only through a later goal: out of train too
+    train = [g for g in train if not {goal_spec(g, price=False),
+                                      normalize(_PRICE_CLAUSE.sub("", g["instruction"]))} & eval_keys]
+    return train, evals
+
+
 def load_webshop_dir(data_dir: str | Path, variant: str = "1000") -> tuple[list[dict], dict[str, list[dict]]]:
     """Load the real WebShop files from ``data_dir`` as ``(products, splits)``.
 
@@ -364,9 +395,11 @@ def load_webshop_dir(data_dir: str | Path, variant: str = "1000") -> tuple[list[
     The price cap is one of the first three multiples of 10 above the product's price, chosen by
     ``crc32(asin) % 3`` (deterministic), and ", and price lower than X dollars" is appended, unless
     the instruction already states such a price, which is then the cap. Goals are shuffled with
-    ``random.Random(233)``; the first 20% (at most 500, at least 1) are the eval split, the rest train
-    (minus any goal whose instruction text also occurs in eval). ``task_type`` is the product's coarse
-    ``category`` (beauty, food, ...).
+    ``random.Random(233)`` and deduplicated on their :func:`goal_spec` (type, attributes, options, price cap);
+    about the first 20% (at most 500, at least 1) are the eval split, the rest train, where goals with one spec
+    apart from the price cap, or one instruction apart from its price clause, always share a split (no
+    near-duplicate of an eval goal is trained on). ``task_type`` is the product's coarse ``category`` (beauty,
+    food, ...).
 
     Raises:
         FileNotFoundError: a file is missing (the message names it and the expected content).
@@ -423,10 +456,7 @@ def load_webshop_dir(data_dir: str | Path, variant: str = "1000") -> tuple[list[
         raise ValueError(f"{ins_path}: no product of {prod_path.name} has an instruction; "
                          f"expected {_INS_EXPECTED}")
     random.Random(233).shuffle(goals)
-    n_eval = max(1, min(500, round(0.2 * len(goals))))
-    eval_goals = goals[:n_eval]
-    eval_text = {g["instruction"] for g in eval_goals}
-    train_goals = [g for g in goals[n_eval:] if g["instruction"] not in eval_text]
+    train_goals, eval_goals = _split_goals(goals, n_eval=max(1, min(500, round(0.2 * len(goals)))))
     splits = {}
     for split, gs in (("train", train_goals), ("eval", eval_goals)):
         splits[split] = [{"id": f"{split}-{i:04d}", **g} for i, g in enumerate(gs)]

@@ -2,22 +2,74 @@
 
 FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_generations=2 and one task group per
 rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
+
+    distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare] [--per-turn-gathers] [--long-obs]
+
+The env's rewards depend on the completion text (VariedRewardEnv), so the update is not zero. `--budget N` sets
+max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank prints its training forwards and
+their padded sizes. `--compare` also trains a second trainer from the same weights and seed with the budget off and
+prints the relative difference of the two weight updates. `--long-obs`: LongObsAtTurn3Env with
+max_prompt_length=600 (rank 1's task-4 episodes fail at turn 3).
+Under ZeRO-3 each rank prints the full parameter gathers made in each training iteration, then in each evaluation
+collect (`--per-turn-gathers`: with TRL's behaviour of one gather per generate call, for comparison). `--compare`
+needs a second Accelerator with a DeepSpeed plugin in one process, which accelerate refuses: DDP only.
 """
 
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# this checkout's gigpo_trl, not whichever one is pip-installed (the launcher puts only this folder on sys.path)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from conftest import CORPUS  # noqa: E402
-from toy_env import FixedLengthEnv  # noqa: E402
+from toy_env import FixedLengthEnv, LongObsAtTurn3Env  # noqa: E402
+
+import torch  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
-def main(output_dir: str, deepspeed: str | None = None):
+class VariedRewardEnv(FixedLengthEnv):
+    """FixedLengthEnv (same rows per task) whose rewards depend on the completion text, so advantages (and the
+    update compared under --compare) are not all zero."""
+
+    invalid_action = None  # the raw completion reaches step()
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return obs, reward + (len(action) % 3) / 2, done, info
+
+
+def build(output_dir, extra, budget, env=VariedRewardEnv):
+    tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
+    model = build_tiny_model(tokenizer)
+    args = GiGPOConfig(
+        output_dir=output_dir, num_generations=2, per_device_train_batch_size=2, steps_per_generation=1,
+        max_steps=2, max_turns=6, max_completion_length=8, bf16=False, gradient_checkpointing=False,
+        learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, shuffle_dataset=False,
+        seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget, **extra,
+    )
+    return GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer), tokenizer
+
+
+def full_weights(trainer):
+    """All parameter values, flattened (gathered when ZeRO-3 has sharded them)."""
+    params = list(trainer.accelerator.unwrap_model(trainer.model_wrapped).parameters())
+    if hasattr(params[0], "ds_tensor"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return torch.cat([p.detach().clone().flatten() for p in params])
+    return torch.cat([p.detach().clone().flatten() for p in params])
+
+
+def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
+         per_turn_gathers: bool = False, long_obs: bool = False):
     extra = {}
+    if long_obs:  # rank 1's task-4 episodes get a prompt over max_prompt_length at turn 3 (step 2)
+        extra["max_prompt_length"] = 600
     if deepspeed is not None:
         # DeepSpeed on CPU: accelerate finds no backend for a non-CUDA DeepSpeed run; set up gloo first and let
         # the Trainer use that state.
@@ -25,30 +77,57 @@ def main(output_dir: str, deepspeed: str | None = None):
 
         PartialState(backend="gloo")
         extra = {"deepspeed": deepspeed, "accelerator_config": {"use_configured_state": True}}
-    tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
-    model = build_tiny_model(tokenizer)
-    args = GiGPOConfig(
-        output_dir=output_dir, num_generations=2, per_device_train_batch_size=2, steps_per_generation=1,
-        max_steps=2, max_turns=6, max_completion_length=8, bf16=False, gradient_checkpointing=False,
-        learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, shuffle_dataset=False,
-        seed=0, disable_tqdm=True, **extra,
-    )
-    trainer = GiGPOTrainer(model, env=FixedLengthEnv, args=args, processing_class=tokenizer)
-    rows, calls = [], []
-    collect = trainer.collector.collect
+    gathers_total = [0]
+    if deepspeed is not None:  # count full parameter gathers (TRL's unwrap_model_for_generation enters one)
+        import deepspeed as ds
+
+        class CountingGather(ds.zero.GatheredParameters):
+            def __enter__(self):
+                gathers_total[0] += 1
+                return super().__enter__()
+
+        ds.zero.GatheredParameters = CountingGather
+    env = LongObsAtTurn3Env if long_obs else VariedRewardEnv
+    trainer, tokenizer = build(output_dir, extra, budget, env)
+    if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
+        import contextlib
+
+        trainer._generation_params_gathered = contextlib.nullcontext
+    rows, calls, gathers = [], [], []
+    collect, score = trainer.collector.collect, trainer._generate_and_score_completions
 
     def counting(*a, **k):
         batch = collect(*a, **k)
         rows.append(len(batch.rows))
         calls.append(batch.num_generate_calls)
+        for t in batch.trajectories:
+            if t.failed:
+                print(f"FAILED rank={trainer.accelerator.process_index} {t.trajectory_id}: {t.error[:80]}", flush=True)
         return batch
 
+    def counting_gathers(fn):
+        def wrapped(*a, **k):
+            start = gathers_total[0]
+            out = fn(*a, **k)
+            gathers.append(gathers_total[0] - start)
+            return out
+        return wrapped
+
     trainer.collector.collect = counting
+    trainer._generate_and_score_completions = counting_gathers(score)  # per training iteration (rollout + scoring)
+    forwards = []
+    trainer.model.register_forward_pre_hook(
+        lambda m, a, kw: forwards.append(kw["input_ids"].numel()) if torch.is_grad_enabled() else None,
+        with_kwargs=True)
+    initial = torch.cat([p.detach().clone().flatten() for p in trainer.model.parameters()])
     trainer.train()
+    update = full_weights(trainer) - initial
+    print(f"UPDATE {trainer.accelerator.process_index} norm={float(update.norm()):.6f}", flush=True)
     # 3 eval tasks over 2 ranks, one episode at a time: rank 1 runs one empty chunk to keep collectives in step
     import datasets
 
     trainer.args.per_device_eval_batch_size = 1
+    trainer.collector.collect = counting_gathers(counting)  # evaluation: per collect
     metrics = trainer.evaluate(datasets.Dataset.from_dict({"task": [1, 2, 3], "seed": [0, 0, 0]}))
     print(f"EVAL tasks={int(metrics['eval_num_tasks'])} success={metrics['eval_success_rate']}", flush=True)
     rank = trainer.accelerator.process_index
@@ -56,6 +135,14 @@ def main(output_dir: str, deepspeed: str | None = None):
     zero = plugin.zero_stage if plugin is not None else None
     print(f"RANK {rank} rows={rows} generate_calls={calls} steps={trainer.state.global_step} "
           f"dist={trainer.accelerator.distributed_type.value} zero={zero}", flush=True)
+    print(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}",
+          flush=True)
+    if compare:  # the same two steps with the budget off, from the same weights and seed
+        reference, _ = build(output_dir + "-ref", extra, None, env)
+        reference.train()
+        expected = full_weights(reference) - initial
+        diff = float((update - expected).norm() / expected.norm())
+        print(f"COMPARE {rank} update_norm={float(expected.norm()):.4f} rel_diff={diff:.3e}", flush=True)
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         print("DONE", flush=True)
@@ -69,4 +156,14 @@ def main(output_dir: str, deepspeed: str | None = None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("output_dir")
+    parser.add_argument("deepspeed", nargs="?", default=None)
+    parser.add_argument("--budget", type=int, default=None)
+    parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--per-turn-gathers", action="store_true")
+    parser.add_argument("--long-obs", action="store_true")
+    cli = parser.parse_args()
+    main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs)

@@ -1,0 +1,168 @@
+"""Memory of one GiGPO optimizer step against episode length, with and without `max_tokens_per_microbatch`.
+
+    python benchmarks/bench_memory.py                      # 5/10/20/40 turns x budget off/on
+    python benchmarks/bench_memory.py --turns 5 40 --budget 4096
+
+Setup: a small random Qwen2 (hidden 64, 2 layers, the tests' offline tokenizer), CPU, one thread; one task group
+pair = 8 trajectories per optimizer step (2 tasks x 4 rollouts), FixedLengthEnv episodes of exactly T turns (one
+row per turn: 8·T rows), history 2. Generation is replaced by a fixed policy (three completions of 12-25 tokens,
+chosen by position), so every setting trains on the same kind of rows and only the training forward/backward is
+measured. `steps_per_generation=1`, `gradient_accumulation_steps=1`, `beta=0`: all 8·T rows are ONE TRL
+micro-batch, as `per_device_train_batch_size` counts trajectories, not rows.
+
+Each setting runs twice, each time in a fresh subprocess. Printed per setting:
+- peak MiB: the process's peak RSS (`ru_maxrss`) during `trainer.train()` (2 optimizer steps) minus its RSS just
+  before it, with glibc told to serve every allocation >= 64 KiB by mmap (`MALLOC_MMAP_THRESHOLD_=65536`), so a
+  freed tensor goes back to the OS and RSS follows the live tensors; "malloc MiB" is the same figure with the default
+  allocator, whose heap keeps freed blocks, so that its high-water mark creeps up with the number of forwards;
+- max fwd tokens: the largest `input_ids.numel()` (rows x padded width) of any training forward (hooked);
+- fwds: training forwards per step;
+- s/step: wall seconds of an optimizer step in the second run (default allocator, 3 steps: the faster of steps 2
+  and 3; step 1 pays one-time set-up); tok/s: trained tokens (real prompt + completion tokens of the step's rows)
+  per second of that step.
+Then the ratios the issue asks for: peak(40 turns)/peak(5 turns) with the budget (target <= 1.15) and the seconds
+per trained token with the budget over without it at each length (target <= 1.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+TEXTS = [
+    "<think>wait</think><action>wait</action>",
+    "<think>I should wait here for one more turn.</think><action>wait</action>",
+    "<think>Going right now, then I will wait until the end.</think><action>wait</action>",
+]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def child(turns: int, budget: int | None, steps: int) -> dict:
+    import datasets
+    import torch
+    from conftest import CORPUS
+    from toy_env import FixedLengthEnv
+    from transformers import TrainerCallback
+
+    from gigpo_trl import GiGPOConfig, GiGPOTrainer
+    from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
+
+    class TextRewardEnv(FixedLengthEnv):  # exactly `task` turns; rewards vary with the completion: advantages != 0
+        invalid_action = None
+
+        def step(self, action):
+            obs, reward, done, info = super().step(action)
+            return obs, reward + (len(action) % 3) / 2, done, info
+
+    tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2)
+    tasks = datasets.Dataset.from_dict({"task": [turns] * 4, "seed": [0, 1, 2, 3]})
+    with tempfile.TemporaryDirectory() as out:
+        args = GiGPOConfig(
+            output_dir=out, num_generations=4, per_device_train_batch_size=8, steps_per_generation=1,
+            gradient_accumulation_steps=1, max_steps=steps, max_turns=turns, history_length=2, max_completion_length=32,
+            beta=0.0, bf16=False, gradient_checkpointing=False, use_cpu=True, learning_rate=1e-3, report_to="none",
+            save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, max_tokens_per_microbatch=budget,
+        )
+        trainer = GiGPOTrainer(model, env=TextRewardEnv, args=args, train_dataset=tasks, processing_class=tokenizer)
+        encoded = [tokenizer.encode(t) for t in TEXTS]
+        trainer.collector.generate_fn = lambda ids: ([encoded[i % 3] for i in range(len(ids))], None)
+        tokens, rows, sizes, marks = [], [], [], []
+        collect = trainer.collector.collect
+
+        def counting(*a, **k):
+            batch = collect(*a, **k)
+            tokens.append(sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rows))
+            rows.append(len(batch.rows))
+            return batch
+
+        trainer.collector.collect = counting
+        trainer.model.register_forward_pre_hook(
+            lambda m, a, kw: sizes.append(kw["input_ids"].numel()) if torch.is_grad_enabled() else None,
+            with_kwargs=True)
+
+        class Clock(TrainerCallback):
+            def on_step_begin(self, *a, **k):
+                marks.append(("begin", time.perf_counter(), len(sizes)))
+
+            def on_step_end(self, *a, **k):
+                marks.append(("end", time.perf_counter(), len(sizes)))
+
+        trainer.add_callback(Clock())
+        before = _rss_bytes()
+        peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        trainer.train()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    begins, ends = marks[0::2], marks[1::2]
+    timed = min(range(1, len(ends)), key=lambda i: ends[i][1] - begins[i][1])  # the fastest step after the first
+    (_, t0, n0), (_, t1, n1) = begins[timed], ends[timed]
+    if peak <= peak_before:  # the high-water mark predates train(): the delta would understate the step
+        raise RuntimeError("peak RSS was reached before train(); the measurement is not valid")
+    return {
+        "turns": turns, "budget": budget, "rows": rows[-1], "peak_mib": (peak - before) / 2**20,
+        "max_fwd_tokens": max(sizes), "fwds": n1 - n0, "seconds": t1 - t0, "tokens": tokens[-1],
+        "tok_s": tokens[-1] / (t1 - t0),
+    }
+
+
+def _run(turns: int, budget: int | None, steps: int, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", str(turns), str(budget or "none"), str(steps)],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        sys.exit(f"setting turns={turns} budget={budget} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, nargs="+", default=[5, 10, 20, 40])
+    parser.add_argument("--budget", type=int, default=8192, help="max_tokens_per_microbatch of the 'on' runs")
+    parser.add_argument("--child", nargs=3, metavar=("TURNS", "BUDGET", "STEPS"), help=argparse.SUPPRESS)
+    cli = parser.parse_args()
+    if cli.child:
+        turns, budget = int(cli.child[0]), None if cli.child[1] == "none" else int(cli.child[1])
+        print("RESULT " + json.dumps(child(turns, budget, int(cli.child[2]))), flush=True)
+        return
+    results = {}
+    print(f"{'turns':>5} {'budget':>7} {'rows':>5} {'peak MiB':>9} {'malloc MiB':>11} {'max fwd tokens':>15} "
+          f"{'fwds':>5} {'s/step':>7} {'tok/s':>8}", flush=True)
+    for turns in cli.turns:
+        for budget in (None, cli.budget):
+            r = _run(turns, budget, 2, {"MALLOC_MMAP_THRESHOLD_": "65536"})
+            timing = _run(turns, budget, 3, {})
+            r.update(malloc_mib=timing["peak_mib"], seconds=timing["seconds"], tok_s=timing["tok_s"])
+            results[turns, budget] = r
+            print(f"{turns:>5} {str(budget or 'off'):>7} {r['rows']:>5} {r['peak_mib']:>9.1f} {r['malloc_mib']:>11.1f} "
+                  f"{r['max_fwd_tokens']:>15,} {r['fwds']:>5} {r['seconds']:>7.2f} {r['tok_s']:>8.0f}", flush=True)
+    lo, hi = min(cli.turns), max(cli.turns)
+    on_lo, on_hi = results[lo, cli.budget]["peak_mib"], results[hi, cli.budget]["peak_mib"]
+    off_lo, off_hi = results[lo, None]["peak_mib"], results[hi, None]["peak_mib"]
+    print(f"peak memory {hi} vs {lo} turns: budget on {on_hi / on_lo:.2f}x (target <= 1.15), "
+          f"budget off {off_hi / off_lo:.2f}x")
+    slow = [results[t, None]["tok_s"] / results[t, cli.budget]["tok_s"] for t in cli.turns]
+    print("seconds per trained token, budget on / off: " + ", ".join(f"{t} turns {s:.2f}" for t, s in
+                                                                     zip(cli.turns, slow)) + " (target <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()

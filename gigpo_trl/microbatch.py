@@ -1,0 +1,126 @@
+"""Token-budget sub-batches: bound the padded tokens of one forward/backward, whatever the episode length.
+
+A trajectory yields one training row per turn, so the rows that reach one of TRL's micro-batches grow with the
+episode length (``per_device_train_batch_size`` counts trajectories). Like verl's dynamic batch size
+(``ppo_max_token_len_per_gpu``), the trainer packs a micro-batch's rows into sub-batches whose padded size
+
+    rows × (padded prompt length + padded completion length)
+
+fits a token budget, trims each sub-batch's padding to its own longest prompt and completion, and runs one
+forward/backward per sub-batch. This module holds the pure part (lengths → index lists, slicing a batch dict);
+the trainer only decides the loss weight of each sub-batch.
+
+Trimming is exact for the loss: prompts are left-padded, so dropping leading pad columns removes only masked
+positions (the positions of the kept tokens shift uniformly, which rotary attention does not see); completions
+are right-padded, and a causal model's outputs at kept positions do not depend on later columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+
+
+def padded(length: int, multiple: int | None) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (``None`` or ``1``: unchanged)."""
+    if not multiple or multiple <= 1:
+        return length
+    return -(-length // multiple) * multiple
+
+
+def pack_rows(
+    prompt_lengths: Sequence[int],
+    completion_lengths: Sequence[int],
+    max_tokens: int,
+    pad_to_multiple_of: int | None = None,
+) -> list[list[int]]:
+    """Pack rows into sub-batches whose padded size fits ``max_tokens``.
+
+    The padded size of a sub-batch S is ``len(S) × (padded(max prompt) + padded(max completion))`` over its rows,
+    the ``input_ids.numel()`` of its forward. Rows are placed longest first (prompt + completion), each into the
+    first sub-batch it still fits (first-fit decreasing); a row that alone exceeds the budget gets a sub-batch of
+    its own. Lengths of 0 count as 1 (a forward keeps at least one column on each side).
+
+    Args:
+        prompt_lengths, completion_lengths: per row, in tokens (unpadded), same length R.
+        max_tokens: the budget, ``>= 1``.
+        pad_to_multiple_of: the width each side is padded to a multiple of (TRL's ``pad_to_multiple_of``).
+
+    Returns:
+        Sub-batches as lists of row indices; every index in ``range(R)`` appears exactly once; indices ascend
+        within a sub-batch. Deterministic for the same input.
+
+    Raises:
+        ValueError: ``max_tokens < 1`` or lengths of different counts.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(prompt_lengths) != len(completion_lengths):
+        raise ValueError(
+            f"prompt_lengths ({len(prompt_lengths)}) and completion_lengths ({len(completion_lengths)}) differ in length"
+        )
+    p = [padded(max(1, int(n)), pad_to_multiple_of) for n in prompt_lengths]
+    c = [padded(max(1, int(n)), pad_to_multiple_of) for n in completion_lengths]
+    order = sorted(range(len(p)), key=lambda i: (-(p[i] + c[i]), i))
+    bins: list[list[int]] = []
+    widths: list[tuple[int, int]] = []  # (max padded prompt, max padded completion) per sub-batch
+    for i in order:
+        for b, (wp, wc) in enumerate(widths):
+            np_, nc = max(wp, p[i]), max(wc, c[i])
+            if (len(bins[b]) + 1) * (np_ + nc) <= max_tokens:
+                bins[b].append(i)
+                widths[b] = (np_, nc)
+                break
+        else:
+            bins.append([i])
+            widths.append((p[i], c[i]))
+    return [sorted(b) for b in bins]
+
+
+def row_lengths(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Per-row prompt length (real tokens of a left-padded ``(B, P)`` mask) and completion extent (one past the
+    last masked-in position of a right-padded ``(B, C)`` mask; 0 for an all-zero row): what must be kept."""
+    prompt = prompt_mask.sum(dim=1)
+    c = completion_mask.size(1)
+    positions = torch.arange(1, c + 1, device=completion_mask.device).expand_as(completion_mask)
+    completion = (positions * (completion_mask != 0)).amax(dim=1) if c else torch.zeros_like(prompt)
+    return prompt.tolist(), completion.tolist()
+
+
+def take_rows(inputs: dict, rows: Sequence[int] | torch.Tensor, prompt_width: int, completion_width: int) -> dict:
+    """The sub-batch of ``inputs`` (TRL's batch dict) holding ``rows``, trimmed to the widths.
+
+    Every tensor or list whose first dimension is the batch is indexed by ``rows``; ``prompt_ids``/``prompt_mask``
+    keep their last ``prompt_width`` columns (left padding); any other ``(B, C, ...)`` tensor with C the completion
+    width of ``inputs["completion_ids"]`` (masks, old/ref/sampling log-probs, per-token advantages, importance
+    ratios) keeps its first ``completion_width`` columns. Scalars (``num_items_in_batch``) are shared.
+    """
+    batch = inputs["completion_ids"].size(0)
+    full_c = inputs["completion_ids"].size(1)
+    index = torch.as_tensor(list(rows) if not isinstance(rows, torch.Tensor) else rows, dtype=torch.long)
+    out = {}
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0 and value.size(0) == batch:
+            value = value[index.to(value.device)]
+            if key in PROMPT_KEYS:
+                value = value[:, value.size(1) - min(prompt_width, value.size(1)) :]
+            elif value.ndim >= 2 and value.size(1) == full_c:
+                value = value[:, : min(completion_width, full_c)]
+        elif isinstance(value, list) and len(value) == batch:
+            value = [value[int(i)] for i in index]
+        out[key] = value
+    return out
+
+
+def sub_batch_widths(
+    prompt_lengths: Sequence[int], completion_lengths: Sequence[int], rows: Sequence[int],
+    pad_to_multiple_of: int | None = None,
+) -> tuple[int, int]:
+    """(prompt width, completion width) of the sub-batch ``rows``: its longest prompt and completion, at least 1,
+    rounded up to ``pad_to_multiple_of``."""
+    wp = max(max(1, int(prompt_lengths[i])) for i in rows)
+    wc = max(max(1, int(completion_lengths[i])) for i in rows)
+    return padded(wp, pad_to_multiple_of), padded(wc, pad_to_multiple_of)
