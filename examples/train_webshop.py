@@ -5,8 +5,11 @@
         --config configs/webshop_gpu.yaml                                        # paper scale
     accelerate launch examples/train_webshop.py --data_dir /path/to/webshop/data # official WebShop files
 
-The defaults (gigpo_trl.job.EXAMPLE_DEFAULTS) finish on a 2-core CPU in about 10 minutes; every GiGPOConfig field
-can be overridden on the command line (`--max_steps 10`) or in a `--config` YAML file.
+The defaults (gigpo_trl.job.EXAMPLE_DEFAULTS) are smoke-sized for a CPU (README's quick start gives the measured time);
+every GiGPOConfig field can be overridden on the command line (`--max_steps 10`) or in a `--config` YAML file
+(`--help` lists the job's and GiGPO's flags first). A mistake ends the job with one `[gigpo] error: ...` line and
+exit code 2 (`GIGPO_DEBUG=1` shows the traceback); an `--output_dir` holding an earlier run is refused unless
+`--overwrite_output_dir true`.
 """
 
 from gigpo_trl.job import main

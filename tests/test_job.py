@@ -1,20 +1,36 @@
-"""The example job end to end on the tiny model: eval JSON, model card, adapter, offline Hub push."""
+"""The example job end to end on the tiny model: eval JSON, model card, adapter, offline Hub push; its one-line
+errors, its --help, its refusal to overwrite an earlier run; the model cards' base model; README vs CI."""
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
-from gigpo_trl.job import build_parser, model_card, run
+import pytest
+
+from gigpo_trl.job import DEBUG_ENV, EXAMPLE_DEFAULTS, build_parser, check_output_dir, main, model_card, run
+from gigpo_trl.models import CACHE_NAME, DEFAULT_MODEL_HUB_ID, hub_model_id
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _job_args(tiny_model_dir, out, *extra):
+    return ["--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--lora_target_modules", "q_proj",
+            "v_proj", "--num_generations", "2", "--per_device_train_batch_size", "2", "--max_steps", "1",
+            "--max_turns", "2", "--max_completion_length", "8", "--eval_max_tasks", "3", "--disable_tqdm", "true",
+            *extra]
 
 
 def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "job"
     parser = build_parser({"env": "frozenlake"})
-    job, args, model_args = parser.parse_args_and_config(args=[
-        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--lora_target_modules", "q_proj", "v_proj",
-        "--num_generations", "2", "--per_device_train_batch_size", "2", "--max_steps", "1", "--max_turns", "2",
-        "--max_completion_length", "8", "--eval_max_tasks", "3", "--disable_tqdm", "true",
-        "--push_to_hub", "true", "--hub_model_id", "someone/gigpo-test", "--hub_token", "hf_secret_not_printed",
-    ])
+    job, args, model_args = parser.parse_args_and_config(args=_job_args(
+        tiny_model_dir, out, "--push_to_hub", "true", "--hub_model_id", "someone/gigpo-test", "--hub_token",
+        "hf_secret_not_printed"))
     code = run(job, args, model_args)
     captured = capsys.readouterr()
     assert code == 1  # everything but the push succeeded
@@ -23,12 +39,36 @@ def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir,
     assert 0.0 <= results["after"]["success_rate"] <= 1.0 and "success_rate/4x4" in results["after"]
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
     card = (out / "README.md").read_text()
-    assert f"base_model: {tiny_model_dir}" in card and "| step_advantage_weight | 1.0 |" in card
-    assert "| before |" in card and "| after |" in card
+    # a local folder of unknown Hub origin: named in the text, never as base_model metadata
+    assert "base_model:" not in card and f"LoRA adapter for a local model (`{Path(tiny_model_dir).name}`)" in card
+    assert "| step_advantage_weight | 1.0 |" in card and "| before |" in card and "| after |" in card
     errors = [line for line in captured.err.splitlines() if line.startswith("[gigpo] push to the Hub failed")]
     assert len(errors) == 1 and f"saved in {out}" in errors[0]
     assert "[gigpo] success rate before:" in captured.out and "[gigpo] success rate after:" in captured.out
+    iterations = [line for line in captured.out.splitlines() if line.startswith("[gigpo] iteration ")]
+    assert len(iterations) == 1 and iterations[0].startswith("[gigpo] iteration 1: success ")  # max_steps=1
     assert "hf_secret_not_printed" not in captured.out + captured.err
+
+    # A rerun into the same folder is refused before any model time is spent, and nothing changes on disk.
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    job, args, model_args = parser.parse_args_and_config(args=_job_args(tiny_model_dir, out))
+    with pytest.raises(FileExistsError, match=rf"--output_dir '{re.escape(str(out))}' already holds files "
+                                              r"\(README.md, adapter_config.json, .*\); nothing was overwritten. "
+                                              r"Pass --overwrite_output_dir true"):
+        run(job, args, model_args)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # an evaluation of the adapter would overwrite eval_results.json: refused too
+    job, args, model_args = parser.parse_args_and_config(
+        args=_job_args(tiny_model_dir, out, "--eval_only", "true", "--adapter_path", str(out)))
+    with pytest.raises(FileExistsError, match=r"eval_results.json' already exists; nothing was overwritten"):
+        check_output_dir(job, args)
+    job, args, model_args = parser.parse_args_and_config(
+        args=_job_args(tiny_model_dir, out, "--eval_only", "true", "--adapter_path", str(out), "--eval_json",
+                       str(tmp_path / "adapter_eval.json")))
+    check_output_dir(job, args)  # a new file: fine
+    job, args, model_args = parser.parse_args_and_config(args=_job_args(tiny_model_dir, out, "--overwrite_output_dir"))
+    assert job.overwrite_output_dir is True
+    check_output_dir(job, args)  # asked for: fine
 
 
 def test_model_card_lists_settings_and_rates():
@@ -44,5 +84,162 @@ def test_model_card_lists_settings_and_rates():
                       {"before": {"success_rate": 0.125, "num_tasks": 8}, "after": {"success_rate": 0.5,
                                                                                      "num_tasks": 8}})
     assert "base_model: Qwen/Qwen2.5-1.5B-Instruct" in card and "(bundled data)" in card
+    assert "LoRA adapter for `Qwen/Qwen2.5-1.5B-Instruct`" in card
     assert "| step_advantage_weight | 0.0 |" in card and "| max_turns | 50 |" in card
     assert "| before | 0.125 | 8 |" in card and "| after | 0.500 | 8 |" in card
+
+
+def test_hub_model_id_of_default_hub_and_local_models(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("GIGPO_CACHE", str(tmp_path))
+    assert DEFAULT_MODEL_HUB_ID == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert hub_model_id(None) == hub_model_id("default") == DEFAULT_MODEL_HUB_ID
+    assert hub_model_id("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert hub_model_id(tiny_model_dir) is None  # a local folder of unknown origin
+    (tmp_path / CACHE_NAME).mkdir()
+    assert hub_model_id(str(tmp_path / CACHE_NAME)) == DEFAULT_MODEL_HUB_ID  # the default model's conversion
+
+
+def test_trainer_cards_name_the_default_models_hub_id(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """TRL's card (create_model_card) and PEFT's (save_model) name the Hub id, not "[None]" or a local path."""
+    from peft import LoraConfig
+
+    from gigpo_trl import GiGPOConfig, GiGPOTrainer
+    from gigpo_trl.envs.frozenlake import FrozenLakeEnv
+
+    monkeypatch.setenv("GIGPO_CACHE", str(tmp_path / "cache"))
+    local = tmp_path / "cache" / CACHE_NAME  # stands in for the converted default model
+    shutil.copytree(tiny_model_dir, local)
+    args = GiGPOConfig(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=2,
+                       max_steps=1, max_turns=2, max_completion_length=8, bf16=False, gradient_checkpointing=False,
+                       use_cpu=True, report_to="none", disable_tqdm=True)
+    trainer = GiGPOTrainer(str(local), env=FrozenLakeEnv, args=args, processing_class=tiny_tokenizer,
+                           peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    trainer.create_model_card(model_name="gigpo-test")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"base_model: {DEFAULT_MODEL_HUB_ID}" in card
+    assert f"fine-tuned version of [{DEFAULT_MODEL_HUB_ID}](https://huggingface.co/{DEFAULT_MODEL_HUB_ID})" in card
+    assert "[None]" not in card and str(local) not in card
+    assert "Group-in-Group Policy Optimization for LLM Agent Training" in card and "2505.10978" in card
+    assert "DeepSeekMath" not in card
+    base = trainer.model.get_base_model()
+    assert base.config._name_or_path == str(local) == base.name_or_path  # restored after the card is written
+
+    trainer.save_model(str(tmp_path / "saved"))
+    card = (tmp_path / "saved" / "README.md").read_text()
+    assert f"base_model: {DEFAULT_MODEL_HUB_ID}" in card and f"base_model:adapter:{DEFAULT_MODEL_HUB_ID}" in card
+    assert str(local) not in card
+    # the adapter itself still points at the local weights, so it loads offline
+    adapter = json.loads((tmp_path / "saved" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(local)
+
+
+# ----------------------------------------------------------------------------------------------- one-line errors
+@pytest.mark.parametrize("env, argv, message", [
+    ("frozenlake", ["--num_generations", "1"],
+     "num_generations must be an int >= 2 (the rollouts per task group that GiGPO compares), got 1"),
+    ("frozenlake", ["--model_name_or_path", "/nonexistent/path"],
+     "model '/nonexistent/path' is neither an existing folder nor a valid Hub id"),
+    ("webshop", ["--env", "alfworld"], "--env is not an option of this example, which trains on 'webshop'"),
+    ("frozenlake", ["--config", "no_such_file.yaml"], "--config file not found: 'no_such_file.yaml'"),
+    ("frozenlake", ["--max_turns", "0"], "max_turns must be >= 1, got 0"),
+])
+def test_main_reports_user_errors_in_one_line(env, argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(env, argv + ["--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2
+    assert len(err) == 1 and err[0].startswith("[gigpo] error: " + message), err
+    assert err[0].endswith(f"({DEBUG_ENV}=1 shows the traceback)")
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_main_argparse_error_is_one_line_and_debug_switch_raises(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_info:
+        main("frozenlake", ["--num_generations", "abc"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2
+    assert err == ["[gigpo] error: argument --num_generations/--num-generations: invalid int value: 'abc' "
+                   "(see --help)"]
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(ValueError, match=r"num_generations must be an int >= 2 .* got 1"):
+        main("frozenlake", ["--num_generations", "1", "--output_dir", str(tmp_path / "out")])
+
+
+def test_main_names_every_missing_webshop_file(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main("webshop", ["--model_name_or_path", tiny_model_dir, "--data_dir", str(tmp_path / "empty"),
+                         "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1
+    empty = tmp_path / "empty"
+    assert err[0].startswith(f"[gigpo] error: WebShop data files not found: {empty}/items_shuffle_1000.json "
+                             "(expected a JSON list of WebShop products")
+    assert f"; {tmp_path / 'empty'}/items_ins_v2_1000.json (expected a JSON object mapping asin" in err[0]
+
+
+def test_example_script_exits_2_with_one_line(tmp_path):
+    """The real command line (a fresh interpreter): one stderr line, exit code 2, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(DEBUG_ENV, None)
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "train_frozenlake.py"), "--num_generations", "1",
+                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "[gigpo] error: num_generations must be an int >= 2 (the rollouts per task group that GiGPO compares), "
+        f"got 1 ({DEBUG_ENV}=1 shows the traceback)"]
+
+
+# ----------------------------------------------------------------------------------------------- --help
+def test_help_lists_job_and_gigpo_flags_first():
+    parser = build_parser({"env": "webshop"}, {**EXAMPLE_DEFAULTS["webshop"], "output_dir": "outputs/gigpo-webshop"})
+    text = parser.format_help()
+    lines = text.splitlines()
+    titles = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles == ["options:", "job (gigpo_trl.job):", "GiGPO (GiGPOConfig: added fields and changed defaults):",
+                      "batch and schedule (GRPOConfig / TrainingArguments fields this example sets):",
+                      "model and LoRA (TRL ModelConfig):",
+                      "all other flags (TRL GRPOConfig / transformers TrainingArguments; see their documentation):"]
+    assert lines[0].startswith("usage: ") and lines[0].endswith(" [--config FILE.yaml] [--flag value ...]")
+    first = text.index("all other flags")
+    for flag in ("--config FILE.yaml", "--step_advantage_weight", "--gamma", "--num_generations", "--max_turns",
+                 "--model_name_or_path", "--overwrite_output_dir", "--steps_per_generation"):
+        assert text.index(flag) < first, flag
+    assert re.search(r"^\s+--env\b", text, re.M) is None  # fixed by the example
+    flat = " ".join(text.split())
+    assert "None: the default model, SmolLM2-135M-Instruct (HuggingFaceTB/SmolLM2-135M-Instruct)" in flat
+    num_gen = flat[flat.index("--num_generations NUM_GENERATIONS"):flat.index("--loss_type")]
+    assert "steps_per_generation" in num_gen and "gradient_accumulation_steps" not in num_gen
+    assert "Disable --eval_before (same as --eval_before false)." in flat
+    assert "Disable --require_think (same as --require_think false)." in flat
+    assert flat.count("Evaluate the untrained policy first.") == 1  # the negative flag does not repeat it
+
+
+def test_parser_keeps_the_examples_environment_and_negative_flags():
+    job, args, _ = build_parser({"env": "alfworld"}).parse_args_and_config(
+        args=["--output_dir", "unused", "--no_eval_before", "--no_require_think"])
+    assert (job.env, job.eval_before, args.require_think) == ("alfworld", False, False)
+    job, args, _ = build_parser({"env": "alfworld"}).parse_args_and_config(args=["--output_dir", "unused"])
+    assert (job.env, job.eval_before, args.require_think, job.overwrite_output_dir) == ("alfworld", True, True, False)
+
+
+def test_config_file_and_equals_form(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("max_turns: 7\nstep_advantage_weight: 0.0\n")
+    parser = build_parser({"env": "frozenlake"})
+    _, args, _ = parser.parse_args_and_config(args=[f"--config={config}", "--output_dir", "unused", "--max_turns", "9"])
+    assert (args.max_turns, args.step_advantage_weight) == (9, 0.0)  # the command line overrides the file
+
+
+# ----------------------------------------------------------------------------------------------- README vs CI
+def test_ci_runs_the_readme_test_command_verbatim():
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("Install and run the tests"):]
+    command = block[block.index("```bash\n") + len("```bash\n"):].split("\n", 1)[0]
+    for setting in ("OMP_NUM_THREADS=1", "HF_HUB_OFFLINE=1", "HF_HUB_DISABLE_TELEMETRY=1", "python -m pytest tests"):
+        assert setting in command
+    ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
+    assert command in ci_lines

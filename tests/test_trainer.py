@@ -261,9 +261,9 @@ def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer.collector.close()
 
 
-@pytest.mark.parametrize("keep_step_signal", [True, False])
+@pytest.mark.parametrize("keep_step_signal, step_grouping", [(True, "state"), (False, "state"), (True, "hierarchical")])
 def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer,
-                                                                            keep_step_signal, caplog):
+                                                                            keep_step_signal, step_grouping, caplog):
     import datasets
 
     # Group "3": corridor 3 from 0. In the first call envs 1 and 3 go left (stay at 0), the others right; then all go
@@ -271,9 +271,11 @@ def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_pa
     # position 0 holds G = 0.95 (env 0, 2 at turn 0) and 0.9025, 0.95 (env 1, 3 at turns 0 and 1): A_S != 0.
     # Group "60" never reaches its goal in 4 turns: returns all 0 and identical trajectories, no signal at all. Its
     # replacements (length-3 corridors, always right) are identical wins: flat again, after both extra rounds.
+    # With HGPO's grouping the check uses the same A_S as training: level 0 is the group above, and level 1 (the turn-0
+    # rows, empty history) holds G = 0.95, 0.9025, 0.95, 0.9025: non-zero too, so the group is kept as well.
     train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
     args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
-                     dynamic_sampling_keep_step_signal=keep_step_signal)
+                     dynamic_sampling_keep_step_signal=keep_step_signal, step_grouping=step_grouping)
     trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=train,
                            processing_class=tiny_tokenizer)
     right, left = (tiny_tokenizer.encode(f"<think>x</think><action>{a}</action>") for a in ("right", "left"))

@@ -229,8 +229,10 @@ class _MemoTranslator:
         return getattr(self._module, name)
 
     def pddl2sas(self, domain, problem, verbose=False, optimize=False):
-        key = (hashlib.sha1(domain.encode()).digest(), hashlib.sha1(problem.encode()).digest(),
-               bool(optimize))
+        # The optimised translation only feeds TextWorld's replanner (policy commands / walkthrough extras), which
+        # this env never requests: serve the plain one for it, saving one ≈1 s translation per game load.
+        key = (hashlib.sha1(domain.encode()).digest(), hashlib.sha1(problem.encode()).digest())
+        optimize = False
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
@@ -254,6 +256,42 @@ def _install_translation_cache() -> None:
             pddl_logic.fast_downward = _MemoTranslator(pddl_logic.fast_downward)
 
 
+def _install_textgen_speedups() -> None:
+    """Two exact shortcuts in TextWorld's text generation (``textworld.envs.pddl.textgen``), which every step runs
+    for the feedback and for each admissible command (≈0.3 s of a ≈0.4 s step):
+
+    - the parse of grammar strings (``_parse_and_convert``, a tatsu PEG parser) is memoised: it is a pure function
+      of the string; the parse tree is converted to fresh symbol objects on every call (derivations mutate them);
+    - ``copy_context`` copies the ``variables`` and ``mapping`` dicts instead of deep-copying their entity objects:
+      derivations only add keys to those dicts and read attributes of the entities (the ALFWorld grammar's
+      ``{o.name}``-style expressions), so every copy holds equal values.
+
+    Same text, same admissible commands (``tests/test_alfworld.py`` replays every committed game).
+    """
+    from textworld.envs.pddl import textgen
+
+    with _PATCH_LOCK:
+        if getattr(textgen._parse_and_convert, "_gigpo_memo", False):
+            return
+        original, parse, converter = textgen._parse_and_convert, textgen._PARSER.parse, textgen._Converter
+
+        @lru_cache(maxsize=8192)
+        def _parse(text: str, rule_name: str):
+            return parse(text, rule_name=rule_name)
+
+        def parse_and_convert(text, rule_name=None, **kwargs):
+            if rule_name is None or kwargs.get("trace") or not isinstance(text, str):
+                return original(text, rule_name=rule_name, **kwargs)
+            return converter().walk(_parse(text, rule_name))
+
+        def copy_context(context):
+            return {**context, "variables": dict(context["variables"]), "mapping": dict(context["mapping"])}
+
+        parse_and_convert._gigpo_memo = True
+        textgen._parse_and_convert = parse_and_convert
+        textgen.copy_context = copy_context
+
+
 def _make_engine():
     """TextWorld's PDDL env with ALFWorld's demangler (names like ``"cabinet 3"``)."""
     try:
@@ -263,6 +301,7 @@ def _make_engine():
     except ImportError as e:
         raise ImportError(_MISSING) from e
     _install_translation_cache()
+    _install_textgen_speedups()
     infos = textworld.EnvInfos(admissible_commands=True, won=True)
     return AlfredDemangler(PddlEnv(infos), shuffle=False)
 

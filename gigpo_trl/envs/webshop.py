@@ -414,6 +414,9 @@ def load_webshop_dir(data_dir: str | Path, variant: str = "1000") -> tuple[list[
     suffix = "_1000" if variant == "1000" else ""
     prod_path = data_dir / f"items_shuffle{suffix}.json"
     ins_path = data_dir / f"items_ins_v2{suffix}.json"
+    missing = [(f, e) for f, e in ((prod_path, _PRODUCTS_EXPECTED), (ins_path, _INS_EXPECTED)) if not f.is_file()]
+    if len(missing) > 1:  # name every missing file in one message (one missing file: _read_json says so)
+        raise FileNotFoundError("WebShop data files not found: " + "; ".join(f"{f} (expected {e})" for f, e in missing))
     raw_products = _read_json(prod_path, _PRODUCTS_EXPECTED)
     ins = _read_json(ins_path, _INS_EXPECTED)
     if not isinstance(raw_products, list):
