@@ -1,35 +1,45 @@
-"""GiGPO (omega = 1) vs GRPO (omega = 0) at equal budget on procedural FrozenLake, on a CPU.
+"""GiGPO vs GRPO (vs HGPO) at equal budget, on a testbed where step-level credit matters, on a CPU.
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/learning.py            # full run (3 seeds)
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/learning.py --quick    # ~1-minute smoke version
+    python benchmarks/learning.py                         # full run: corridor testbed, seeds 0-4, every arm
+    python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, few iterations)
+    python benchmarks/learning.py --seeds 100 101 102     # other seeds (the design was tuned on 100-104)
+    python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
+    python benchmarks/learning.py --arms GiGPO GRPO       # a subset of the arms
+
+Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
+a dead end in random directions; the shortest episode is 12 turns, reward 1 only for leaving the last room
+(plus the trainer's invalid-action penalty), ``max_turns`` 24. Training uses the env's train ids, evaluation its
+disjoint eval ids. The prompt is a compact version of the env's (same observations, dynamics, rewards, anchors).
 
 Per seed:
 
-1. a tiny Qwen2 policy (random init, compact BPE tokenizer trained offline on FrozenLake prompts) gets a short
-   supervised *format* warm-up: real prompts from ``gigpo_trl.prompts.build_messages`` + the chat template,
-   targets ``<think>go</think><action>{move}</action>`` with the move drawn uniformly among the state's *safe*
-   moves (no edge bump, no hole; ``--warmup_targets random``: any move). It knows the rules, nothing about where
-   the goal is; the weights are saved once and loaded by both arms. (With uniformly random targets the policy
-   learns to ignore the prompt entirely, and RL from there never made it depend on the map again.)
-2. the same weights are trained twice with identical settings, seeds, task order and number of iterations,
-   once with ``step_advantage_weight=1.0`` (GiGPO) and once with ``0.0`` (GRPO);
-3. both are evaluated (greedy, ``eval_temperature=0``, the headline) on held-out maps (the env's eval split)
-   before training and after each quarter of training; also sampled at ``--sampled_eval_temperature``
-   (default 1) on the same maps.
+1. a tiny Qwen2 policy (random init, compact BPE tokenizer trained offline on the testbed's prompts) gets a
+   supervised *legal-move* warm-up: real prompts (``gigpo_trl.prompts.build_messages`` + the chat template) of
+   states reached by random walks, targets ``<think>go</think><action>{move}</action>`` with the move drawn
+   uniformly among the state's legal moves (corridor: the two doors of a room, the way out of a dead end;
+   FrozenLake: no edge bump, no hole). It learns the format and the rules, nothing about which door leads on
+   or where the goal is. The weights are saved once; every arm starts from them.
+2. every arm (``ARMS``; HGPO only when ``GiGPOConfig`` has ``step_grouping``) trains from those weights with
+   identical settings, seed, task order and number of iterations; only the arm's config fields differ
+   (GiGPO: omega = 1; GRPO: omega = 0; HGPO: omega = 1 with history-consistent step groups of depth 2).
+3. every ``--eval_every`` iterations each arm is evaluated on held-out tasks (the env's eval split), sampled at
+   T = 1 and greedy.
 
-The observation (``--prompt local``, default) is the env's grid plus one line naming what each move leads to
-(``up edge, down ice, left hole, right ice``): a deterministic function of the state; the anchor state stays
-the env's own grid text, so maps, dynamics, rewards and anchor groups are FrozenLakeEnv's.
-``--workers 2`` (default) runs the warm-ups and then the six (seed, arm) runs in two single-threaded processes.
-
-Prints a table (per seed and mean: success before training, after each quarter, final, wall seconds) plus the
-anchor-group statistics the trainer logged, and writes ``learning.json`` (all numbers, per-iteration training
-logs included) and ``learning_curve.png`` to ``--output_dir``.
+Headline: per seed and arm, the mean held-out success over the last 3 evaluations (sampled at T = 1: the
+primary metric; greedy also reported); the paired per-seed gap between arms, its mean and a 95% t interval
+over seeds; iterations until the 5-iteration running mean of training success reaches 0.5. Also the env steps
+and generated tokens per arm, and the anchor-group statistics early / middle / late in training (fraction of
+step groups that are singletons, fraction of rows per step-group size). Writes ``learning.json`` and
+``learning_curve.png`` to ``--results_dir`` (default ``benchmarks/results``) and the weights to
+``--output_dir``. ``--workers 2`` (default) runs the warm-ups, then the (seed, arm) runs, in two
+single-threaded processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import functools
 import json
 import os
@@ -47,35 +57,78 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import gigpo_trl.trainer as trainer_module  # noqa: E402
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
-from gigpo_trl.envs.frozenlake import ACTION_NAMES, INSTRUCTION, FrozenLakeEnv  # noqa: E402
+from gigpo_trl.envs.corridor import INSTRUCTION as CORRIDOR_INSTRUCTION  # noqa: E402
+from gigpo_trl.envs.corridor import CorridorEnv  # noqa: E402
+from gigpo_trl.envs.frozenlake import ACTION_NAMES, FrozenLakeEnv  # noqa: E402
+from gigpo_trl.envs.frozenlake import INSTRUCTION as FROZENLAKE_INSTRUCTION  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from gigpo_trl.prompts import build_messages  # noqa: E402
 
-ARMS = {"GiGPO": 1.0, "GRPO": 0.0}
-
-# A shorter prompt than FrozenLakeEnv's own (~60 instead of ~215 tokens with this tokenizer), so a 2-core CPU
-# can afford the run; same maps, dynamics, rewards and anchors (the observation). --prompt full uses the env's.
-COMPACT_SYSTEM = "FrozenLake. P is you, O a hole, G the goal. Answer <think>go</think><action>MOVE</action>."
-COMPACT_TEMPLATE = "{history}Map:\n{observation}\nMove up, down, left or right."
-
-
-class CompactFrozenLake(FrozenLakeEnv):
-    """FrozenLakeEnv with a compact prompt (only ``system_prompt`` / ``prompt_template`` differ)."""
-
-    system_prompt = COMPACT_SYSTEM
-    prompt_template = COMPACT_TEMPLATE
+# The arms: GiGPOConfig fields that differ between them (everything else is shared).
+ARMS = {
+    "GiGPO": {"step_advantage_weight": 1.0},
+    "GRPO": {"step_advantage_weight": 0.0},
+    "HGPO": {"step_advantage_weight": 1.0, "step_grouping": "hierarchical", "hierarchy_depth": 2},
+}
 
 
+def hgpo_available() -> bool:
+    """Whether this checkout's GiGPOConfig has the HGPO fields (issue 15)."""
+    return "step_grouping" in {f.name for f in dataclasses.fields(GiGPOConfig)}
+
+
+def default_arms() -> list[str]:
+    return ["GiGPO", "GRPO"] + (["HGPO"] if hgpo_available() else [])
+
+
+# Two-sided 95% t quantiles t_{0.975, df} (scipy may be missing); df > 30 uses the normal quantile.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 25: 2.060, 30: 2.042}
+
+
+def t_interval(values) -> tuple[float, float, float]:
+    """(mean, lo, hi): the 95% t interval of the mean of ``values`` (nan bounds for fewer than 2 values)."""
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if x.size < 2:
+        return m, float("nan"), float("nan")
+    df = x.size - 1
+    t = T975.get(df) or (T975[max(k for k in T975 if k <= df)] if df <= 30 else 1.960)
+    half = t * float(x.std(ddof=1)) / np.sqrt(x.size)
+    return m, m - half, m + half
+
+
+# ---------------------------------------------------------------------------------------------- testbeds
+TAGS = ["<think>", "</think>", "<action>", "</action>"]
+THINK = "go"
+
+
+def completion_text(move: str, think: bool = True) -> str:
+    return f"<think>{THINK}</think><action>{move}</action>" if think else f"<action>{move}</action>"
+
+
+class CompactCorridor(CorridorEnv):
+    """CorridorEnv with a compact prompt (~50 instead of ~150 tokens of fixed text): only ``system_prompt`` /
+    ``prompt_template`` differ; observations, dynamics, rewards and anchors are the env's."""
+
+    system_prompt = "Rooms in a row; one door leads on. Answer <think>go</think><action>MOVE</action>."
+    prompt_template = "{history}Now: {observation}"
+
+
+# The former testbed (now the smoke option): FrozenLake 4x4 with a compact prompt plus a local-view line.
 CELL_NAMES = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 
 
-class LocalViewFrozenLake(CompactFrozenLake):
-    """CompactFrozenLake whose observation text adds one line spelling out what each move leads to, e.g.
-    ``up edge, down ice, left edge, right hole`` after the env's grid. The line is a deterministic function of
-    the state (map and position), which the grid already determines, and ``anchor_state`` returns the env's own
-    grid text, so maps, dynamics, rewards and anchor groups are exactly FrozenLakeEnv's; only the text the
-    policy reads is richer (a 2-layer model finds ``P``'s neighbours in a flattened 2-D grid only slowly)."""
+class LocalViewFrozenLake(FrozenLakeEnv):
+    """FrozenLakeEnv with a compact prompt whose observation adds one line naming what each move leads to
+    (``up edge, down ice, left edge, right hole``); ``anchor_state`` returns the env's own grid text, so maps,
+    dynamics, rewards and anchor groups are FrozenLakeEnv's."""
+
+    system_prompt = "FrozenLake. P is you, O a hole, G the goal. Answer <think>go</think><action>MOVE</action>."
+    prompt_template = "{history}Map:\n{observation}\nMove up, down, left or right."
 
     def render(self) -> str:
         grid = super().render()
@@ -88,99 +141,119 @@ class LocalViewFrozenLake(CompactFrozenLake):
         return grid + "\n" + ", ".join(parts)
 
     def anchor_state(self, observation):
-        return "\n".join(str(observation).split("\n")[: self.size])  # the env's own observation (the grid)
-TAGS = ["<think>", "</think>", "<action>", "</action>"]
-THINK = "go"
+        return "\n".join(str(observation).split("\n")[: self.size])
+
+    def legal_moves(self) -> list[str]:
+        """Moves that neither bump into the edge nor step into a hole (the rules, not the way to the goal)."""
+        moves = []
+        for move in ACTION_NAMES:
+            r, c = self._moved(self.pos, move)
+            if (r, c) != self.pos and self.grid[r][c] != "H":
+                moves.append(move)
+        return moves or list(ACTION_NAMES)
 
 
-def completion_text(move: str) -> str:
-    return f"<think>{THINK}</think><action>{move}</action>"
+# Settings per testbed; any --flag given on the command line overrides them.
+TESTBEDS = {
+    "corridor": dict(
+        env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=2, iterations=30,
+        eval_every=5,
+        groups=4, num_generations=8, spg=4, lr=1e-3, gamma=0.95, train_tasks=256, eval_tasks=32,
+        warmup_steps=200, seeds=[0, 1, 2, 3, 4], think=True, max_completion_length=10,
+    ),
+    "frozenlake4": dict(
+        env="frozenlake", map_size=4, p=0.8, max_turns=10, walk_turns=10, history_length=0, iterations=100,
+        eval_every=25, groups=8, num_generations=8, spg=4, lr=3e-4, gamma=0.95, train_tasks=64, eval_tasks=100,
+        warmup_steps=1000, seeds=[0, 1, 2], think=True, max_completion_length=10,
+    ),
+}
+
+
+def env_factory_for(a):
+    if a.env == "corridor":
+        return functools.partial(CompactCorridor, length=a.length, max_turns=a.max_turns, directions=a.directions)
+    return functools.partial(LocalViewFrozenLake, size=a.map_size, p=a.p, max_turns=a.max_turns)
+
+
+def instruction_for(a) -> str:
+    return CORRIDOR_INSTRUCTION if a.env == "corridor" else FROZENLAKE_INSTRUCTION
 
 
 # ---------------------------------------------------------------------------------------------- prompts
-def random_prompt_messages(env: FrozenLakeEnv, rng: random.Random, map_ids, history_length: int):
-    """Messages of a prompt the collector could build: a random state reached by a random walk on a train map,
-    with the last <= ``history_length`` (observation, move) pairs of that walk."""
-    env.reset(task=rng.choice(map_ids), seed=0)
+def random_prompt_messages(env, rng: random.Random, task_ids, history_length: int, walk_turns: int,
+                           instruction: str, max_turns: int):
+    """Messages of a prompt the collector could build: a state reached by a walk of uniformly random *legal*
+    moves (random length < ``walk_turns``) on a training task, with the walk's last <= ``history_length``
+    (observation, move) pairs. Returns (messages, the env in the prompt's state)."""
+    env.reset(task=rng.choice(task_ids), seed=0)
+    env.max_turns = 10**9  # the scratch walk is not cut by the turn limit
     history = []
     obs = env.render()
-    n = rng.randrange(env.max_turns)
-    for _ in range(n):
-        move = rng.choice(ACTION_NAMES)
-        prev_pos = env.pos
+    for _ in range(rng.randrange(walk_turns)):
+        move = rng.choice(env.legal_moves())
+        before = copy.copy(env)
         new_obs, _, done, _ = env.step(move)
-        if done:
-            env.pos = prev_pos  # leave the scratch env in the state the prompt shows (for safe_moves)
+        if done:  # keep the state the prompt shows (the goal ends the walk)
+            env = before
             break
         history.append((obs, move))
         obs = new_obs
-    turn = len(history)
+    turn = min(len(history), max_turns - 1)
     window = history[len(history) - min(history_length, len(history)):] if history_length else []
-    return build_messages(env, INSTRUCTION, obs, window, turn, env.max_turns, list(ACTION_NAMES))
+    return build_messages(env, instruction, obs, window, turn, max_turns, list(ACTION_NAMES)), env
 
 
-def safe_moves(env: FrozenLakeEnv) -> list[str]:
-    """Moves from the env's current cell that neither bump into the edge nor step into a hole (the rules of the
-    game, not the way to the goal)."""
-    moves = []
-    for move in ACTION_NAMES:
-        r, c = env._moved(env.pos, move)
-        if (r, c) != env.pos and env.grid[r][c] != "H":
-            moves.append(move)
-    return moves or list(ACTION_NAMES)
-
-
-def make_tokenizer(env_factory, history_length: int, vocab_size: int):
-    """Compact byte-level BPE trained on rendered FrozenLake prompts and completions, plus the four format tags
-    as single tokens (so a completion is ~7 tokens)."""
+def make_tokenizer(a, env_factory, vocab_size: int):
+    """Compact byte-level BPE trained on rendered prompts and completions, plus the four format tags as single
+    tokens (so a completion is ~7 tokens)."""
     rng = random.Random(1234)
     env = env_factory()
     chat = build_tiny_tokenizer(["x"], vocab_size=300)  # only for its chat template
     texts = []
     for _ in range(300):
-        msgs = random_prompt_messages(env, rng, range(0, 10_000), history_length)
+        msgs, _ = random_prompt_messages(env, rng, range(0, 10_000), a.history_length, a.walk_turns,
+                                         instruction_for(a), a.max_turns)
         texts.append(chat.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
-    texts += [completion_text(m) + "<|im_end|>" for m in ACTION_NAMES] * 50
+    texts += [completion_text(m, a.think) + "<|im_end|>" for m in ACTION_NAMES] * 50
     tok = build_tiny_tokenizer(texts, vocab_size=vocab_size)
     tok.add_tokens(TAGS)
     return tok
 
 
+def _ids(encoded):
+    return encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+
+
 # ---------------------------------------------------------------------------------------------- warm-up
-def format_warmup(model, tok, env_factory, train_maps, history_length, steps, batch_size, lr, seed,
-                  targets="random"):
-    """Plain cross-entropy on completion tokens in the right format. The move is uniformly random
-    (``targets="random"``) or uniformly random among the prompt state's safe moves (``"safe"``: no edge bump, no
-    hole; nothing about where the goal is). Returns (final loss, seconds)."""
+def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
+    """Plain cross-entropy on completion tokens; the target move is uniformly random among the prompt state's
+    legal moves (nothing about which of them leads to the goal). Returns (final loss, seconds)."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
     env = env_factory()
-    n_examples = steps * batch_size
     prompts, moves = [], []
-    for _ in range(n_examples):
-        msgs = random_prompt_messages(env, rng, train_maps, history_length)
-        prompts.append(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-        moves.append(rng.choice(safe_moves(env) if targets == "safe" else ACTION_NAMES))
-    prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
-    eos = tok.eos_token_id
-    pad_id = tok.pad_token_id
+    for _ in range(a.warmup_steps * a.warmup_batch):
+        msgs, state = random_prompt_messages(env, rng, train_tasks, a.history_length, a.walk_turns,
+                                             instruction_for(a), a.max_turns)
+        prompts.append(_ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)))
+        moves.append(rng.choice(state.legal_moves()))
+    eos, pad_id, bs = tok.eos_token_id, tok.pad_token_id, a.warmup_batch
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.warmup_lr, weight_decay=0.0)
     loss_val = float("nan")
-    for step in range(steps):
-        batch = prompts[step * batch_size:(step + 1) * batch_size]
+    for step in range(a.warmup_steps):
         seqs, labels = [], []
-        for p, move in zip(batch, moves[step * batch_size:(step + 1) * batch_size]):
-            c = tok.encode(completion_text(move), add_special_tokens=False) + [eos]
+        for p, move in zip(prompts[step * bs:(step + 1) * bs], moves[step * bs:(step + 1) * bs]):
+            c = tok.encode(completion_text(move, a.think), add_special_tokens=False) + [eos]
             seqs.append(list(p) + c)
             labels.append([-100] * len(p) + c)
         width = max(map(len, seqs))
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         lab = torch.full((len(seqs), width), -100, dtype=torch.long)
         att = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, (s, l) in enumerate(zip(seqs, labels)):  # left padding, as in generation
+        for i, (s, lb) in enumerate(zip(seqs, labels)):  # left padding, as in generation
             ids[i, width - len(s):] = torch.tensor(s)
-            lab[i, width - len(s):] = torch.tensor(l)
+            lab[i, width - len(s):] = torch.tensor(lb)
             att[i, width - len(s):] = 1
         out = model(input_ids=ids, attention_mask=att, labels=lab)
         out.loss.backward()
@@ -192,15 +265,20 @@ def format_warmup(model, tok, env_factory, train_maps, history_length, steps, ba
     return loss_val, time.perf_counter() - t0
 
 
-def check_format(model, tok, env_factory, train_maps, history_length, n=64, seed=0):
-    """Fraction of sampled completions that parse as a valid move, and the move histogram."""
+def check_warmup(model, tok, a, env_factory, train_tasks, n=96, seed=0):
+    """On sampled completions (T = 1) for random-walk prompts: the fraction that parse as a move, the fraction
+    that are legal, and, in states with two legal moves, the fraction that pick the one leading on (corridor:
+    the passage; ~0.5 means the warm-up carried no information about it)."""
     from gigpo_trl.parsing import parse_action
 
     rng = random.Random(seed + 99)
     env = env_factory()
-    prompts = [tok.apply_chat_template(random_prompt_messages(env, rng, train_maps, history_length),
-                                       add_generation_prompt=True, tokenize=True) for _ in range(n)]
-    prompts = [p["input_ids"] if hasattr(p, "keys") else p for p in prompts]
+    prompts, states = [], []
+    for _ in range(n):
+        msgs, state = random_prompt_messages(env, rng, train_tasks, a.history_length, a.walk_turns,
+                                             instruction_for(a), a.max_turns)
+        prompts.append(_ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)))
+        states.append(copy.copy(state))  # the scratch env is reused by the next walk
     width = max(map(len, prompts))
     ids = torch.full((n, width), tok.pad_token_id, dtype=torch.long)
     att = torch.zeros((n, width), dtype=torch.long)
@@ -210,18 +288,72 @@ def check_format(model, tok, env_factory, train_maps, history_length, n=64, seed
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=12, do_sample=True, top_k=0,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
-    parsed = [parse_action(t) for t in texts]
+    parsed = [parse_action(t, require_think=a.think)
+              for t in tok.batch_decode(out[:, width:], skip_special_tokens=True)]
     valid = [p.valid and p.action in ACTION_NAMES for p in parsed]
-    hist = {m: sum(p.action == m for p in parsed) for m in ACTION_NAMES}
-    return float(np.mean(valid)), hist
+    legal = [v and p.action in s.legal_moves() for v, p, s in zip(valid, parsed, states)]
+    on = [p.action == s.expert_action() for p, s, lg in zip(parsed, states, legal) if lg and len(s.legal_moves()) == 2]
+    return {"valid_format": float(np.mean(valid)), "legal": float(np.mean(legal)),
+            "leads_on_among_two_legal": float(np.mean(on)) if on else None}
 
 
 # ---------------------------------------------------------------------------------------------- RL
-class QuarterEval:
-    """TrainerCallback: ``trainer.evaluate()`` after each quarter of the optimizer steps."""
+class AnchorRecorder:
+    """Wraps the trainer module's ``compute_gigpo_advantages`` to keep, per training iteration, the size of the
+    step group of every row (the histogram the trainer does not log). Benchmark-only instrumentation."""
 
-    def __init__(self, eval_steps):
+    def __init__(self):
+        self.mode = "train"
+        self.iterations: list[np.ndarray] = []
+        self.deepest: list[np.ndarray] = []  # HGPO: sizes of the deepest level's groups G_K
+        self._orig = trainer_module.compute_gigpo_advantages
+
+    def install(self):
+        orig = self._orig
+
+        def wrapped(*args, **kwargs):
+            result = orig(*args, **kwargs)
+            if self.mode == "train":
+                self.iterations.append(np.asarray(result.anchor_group_sizes, dtype=np.int64).copy())
+                levels = getattr(result, "level_group_sizes", None)
+                if levels is not None and np.ndim(levels) == 2:
+                    self.deepest.append(np.asarray(levels, dtype=np.int64)[:, -1].copy())
+            return result
+
+        trainer_module.compute_gigpo_advantages = wrapped  # the name trainer.py calls
+        return self
+
+
+RECORDER: AnchorRecorder | None = None
+
+
+class BenchTrainer(GiGPOTrainer):
+    """GiGPOTrainer that tells the recorder whether a rollout is for training or evaluation (the only override)."""
+
+    def _generate_and_score_completions(self, inputs):
+        if RECORDER is not None:
+            RECORDER.mode = "train" if self.model.training else "eval"
+        return super()._generate_and_score_completions(inputs)
+
+
+SIZE_BINS = [(1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, None)]
+
+
+def bin_label(lo, hi):
+    return f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f"{lo}+")
+
+
+def row_size_hist(sizes: np.ndarray) -> dict:
+    """Fraction of rows whose step group has a size in each of ``SIZE_BINS``."""
+    if sizes.size == 0:
+        return {}
+    return {bin_label(lo, hi): float(((sizes >= lo) & ((sizes <= hi) if hi else True)).mean()) for lo, hi in SIZE_BINS}
+
+
+class PeriodicEval:
+    """TrainerCallback: held-out evaluation (sampled at T = 1, then greedy) every ``every`` iterations."""
+
+    def __init__(self, eval_steps, spg, sampled_temperature):
         from transformers import TrainerCallback
 
         outer = self
@@ -230,174 +362,225 @@ class QuarterEval:
             def on_step_end(self, args, state, control, **kwargs):
                 if state.global_step in outer.eval_steps and outer.trainer is not None:
                     t0 = time.perf_counter()
-                    m = outer.trainer.evaluate()
-                    point = {"step": state.global_step, "success": m["eval_success_rate"],
-                             "return_mean": m.get("eval_return_mean"), "length_mean": m.get("eval_length_mean"),
-                             "invalid_action_rate": m.get("eval_invalid_action_rate")}
-                    if outer.sampled_temperature:
-                        point["sampled_success"] = sampled_eval(outer.trainer, outer.sampled_temperature)
-                    outer.points.append(point)
+                    outer.points.append(evaluate_both(outer.trainer, outer.sampled_temperature)
+                                        | {"iteration": state.global_step // spg})
                     outer.eval_seconds += time.perf_counter() - t0
+                    p = outer.points[-1]
+                    print(f"    {outer.label} it {p['iteration']}: sampled {p['sampled']:.2f} greedy "
+                          f"{p['greedy']:.2f} ({time.perf_counter() - outer.t_start:.0f}s)", flush=True)
                 return control
 
         self.callback = _CB()
-        self.sampled_temperature = 0.0
+        self.sampled_temperature = sampled_temperature
         self.eval_steps = set(eval_steps)
         self.trainer = None
         self.points: list[dict] = []
         self.eval_seconds = 0.0
+        self.label = ""
+        self.t_start = time.perf_counter()
 
 
-def sampled_eval(trainer, temperature: float) -> float:
-    """Eval success when sampling at ``temperature`` (the same held-out maps; a secondary, noisier metric)."""
+def evaluate_both(trainer, temperature: float) -> dict:
+    """Held-out success sampled at ``temperature`` and greedy (eval_temperature = 0), on the same tasks."""
     saved = trainer.args.eval_temperature
-    trainer.args.eval_temperature = temperature
     try:
-        return trainer.evaluate(metric_key_prefix="eval_sampled")["eval_sampled_success_rate"]
+        trainer.args.eval_temperature = temperature
+        m = trainer.evaluate(metric_key_prefix="eval_sampled")
+        sampled = {"sampled": m["eval_sampled_success_rate"], "sampled_length": m.get("eval_sampled_length_mean")}
+        trainer.args.eval_temperature = 0.0
+        m = trainer.evaluate()
+        return sampled | {"greedy": m["eval_success_rate"], "greedy_length": m.get("eval_length_mean"),
+                          "greedy_invalid": m.get("eval_invalid_action_rate")}
     finally:
         trainer.args.eval_temperature = saved
 
 
-def make_config(a, out_dir: str, omega: float, seed: int) -> GiGPOConfig:
+def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
     return GiGPOConfig(
-        output_dir=out_dir, seed=seed, data_seed=seed, step_advantage_weight=omega,
+        output_dir=out_dir, seed=seed, data_seed=seed,
         num_generations=a.num_generations, per_device_train_batch_size=a.groups * a.num_generations // a.spg,
         steps_per_generation=a.spg, max_steps=a.iterations * a.spg, max_turns=a.max_turns,
         history_length=a.history_length, learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, beta=0.0, temperature=a.temperature, top_k=0, top_p=1.0,
+        weight_decay=0.0, max_grad_norm=1.0, beta=0.0, temperature=1.0, top_k=0, top_p=1.0,
         max_completion_length=a.max_completion_length, gamma=a.gamma, advantage_mode=a.advantage_mode,
         bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no",
         disable_tqdm=True, logging_steps=1, eval_max_tasks=a.eval_tasks, eval_temperature=0.0,
-        per_device_eval_batch_size=a.num_generations,
+        per_device_eval_batch_size=a.eval_tasks, require_think=a.think, **arm_fields,
     )
 
 
-def summarize_logs(log_history) -> dict:
-    keys = ["anchor/singleton_fraction", "anchor/row_group_size_mean", "anchor/group_size_mean",
-            "episode/success_rate", "episode/length_mean", "episode/invalid_action_rate", "rollout/rows",
-            "rollout/seconds", "rollout/advantage_seconds"]
-    series = {k: [e[k] for e in log_history if k in e] for k in keys}
-    return {k: (float(np.mean(v)) if v else None) for k, v in series.items()}, series
+LOG_KEYS = ["episode/success_rate", "episode/length_mean", "episode/invalid_action_rate", "rollout/rows",
+            "completions/mean_length", "anchor/singleton_fraction", "anchor/row_group_size_mean",
+            "anchor/group_size_mean", "rollout/seconds"]
 
 
-def run_arm(a, name, omega, seed, init_dir, tok, env_factory, train_ds, eval_ds, base_eval):
-    from transformers import AutoModelForCausalLM
+def iteration_series(log_history) -> dict:
+    """Per training iteration (one rollout), the logged metrics in ``LOG_KEYS``."""
+    return {k: [float(e[k]) for e in log_history if k in e] for k in LOG_KEYS}
 
-    model = AutoModelForCausalLM.from_pretrained(init_dir)
-    quarter = max(1, a.iterations // 4)
-    eval_steps = [q * quarter * a.spg for q in (1, 2, 3)] + [a.iterations * a.spg]
-    cb = QuarterEval(eval_steps)
-    cb.sampled_temperature = a.sampled_eval_temperature
-    args = make_config(a, str(Path(a.output_dir) / f"seed{seed}" / name), omega, seed)
-    trainer = GiGPOTrainer(model, env=env_factory, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                           processing_class=tok, callbacks=[cb.callback])
-    cb.trainer = trainer
-    from transformers import PrinterCallback
 
-    trainer.remove_callback(PrinterCallback)  # the per-step log dicts; everything is kept in log_history
-    if base_eval is None:
+def iters_to(series, level=0.5, window=5):
+    """First iteration (1-based) at which the ``window``-iteration running mean of ``series`` is >= ``level``."""
+    x = np.asarray(series, dtype=float)
+    for i in range(len(x)):
+        if x[max(0, i - window + 1): i + 1].mean() >= level:
+            return i + 1
+    return None
+
+
+def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
+    from transformers import AutoModelForCausalLM, PrinterCallback
+
+    global RECORDER
+    RECORDER = AnchorRecorder().install()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(init_dir)
+        eval_steps = [it * a.spg for it in range(a.eval_every, a.iterations + 1, a.eval_every)]
+        cb = PeriodicEval(eval_steps, a.spg, a.sampled_eval_temperature)
+        args = make_config(a, str(Path(a.output_dir) / f"seed{seed}" / arm), ARMS[arm], seed)
+        trainer = BenchTrainer(model, env=env_factory, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                               processing_class=tok, callbacks=[cb.callback])
+        cb.trainer = trainer
+        cb.label = f"seed {seed} {arm}"
+        trainer.remove_callback(PrinterCallback)  # the per-step log dicts; everything is kept in log_history
         t0 = time.perf_counter()
-        base_eval = {"greedy": trainer.evaluate()["eval_success_rate"]}
-        if a.sampled_eval_temperature:
-            base_eval["sampled"] = sampled_eval(trainer, a.sampled_eval_temperature)
-        print(f"  seed {seed} {name:5s}: eval success before RL = {base_eval} ({time.perf_counter() - t0:.1f}s)",
-              flush=True)
-    t0 = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t0
-    means, series = summarize_logs(trainer.state.log_history)
-    trainer.collector.close()
+        start = evaluate_both(trainer, a.sampled_eval_temperature) | {"iteration": 0}
+        start_secs = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t0
+        series = iteration_series(trainer.state.log_history)
+        trainer.collector.close()
+        sizes, deepest = RECORDER.iterations, RECORDER.deepest
+    finally:
+        trainer_module.compute_gigpo_advantages = RECORDER._orig
+        RECORDER = None
+    points = [start] + cb.points
+    last3 = points[-3:]
+    rows = np.asarray(series["rollout/rows"])
+    tokens = rows * np.asarray(series["completions/mean_length"][: len(rows)])
+    thirds = np.array_split(np.arange(len(sizes)), 3)
+    anchor_phases = {}
+    for name, idx in zip(("early", "middle", "late"), thirds):
+        if len(idx):
+            pooled = np.concatenate([sizes[i] for i in idx])
+            sf = [series["anchor/singleton_fraction"][i] for i in idx if i < len(series["anchor/singleton_fraction"])]
+            anchor_phases[name] = {"iterations": [int(idx[0]) + 1, int(idx[-1]) + 1],
+                                   "singleton_group_fraction": float(np.mean(sf)) if sf else None,
+                                   "rows_in_groups_ge2": float((pooled >= 2).mean()),
+                                   "row_size_hist": row_size_hist(pooled),
+                                   "row_group_size_mean": float(pooled.mean())}
+            if len(deepest) == len(sizes):
+                anchor_phases[name]["deepest_level_rows_in_groups_ge2"] = float(
+                    (np.concatenate([deepest[i] for i in idx]) >= 2).mean())
     result = {
-        "arm": name, "omega": omega, "seed": seed, "base": base_eval["greedy"],
-        "base_sampled": base_eval.get("sampled"),
-        "quarters": [p["success"] for p in cb.points], "points": cb.points,
-        "sampled_quarters": [p.get("sampled_success") for p in cb.points],
-        "final": cb.points[-1]["success"] if cb.points else float("nan"),
-        "wall_seconds": wall, "eval_seconds": cb.eval_seconds, "train_seconds": wall - cb.eval_seconds,
-        "log_means": means, "train_success_series": series["episode/success_rate"],
-        "singleton_series": series["anchor/singleton_fraction"],
-        "row_group_size_series": series["anchor/row_group_size_mean"],
-        "eval_steps": eval_steps,
+        "arm": arm, "fields": ARMS[arm], "seed": seed, "points": points,
+        "headline_sampled": float(np.mean([p["sampled"] for p in last3])),
+        "headline_greedy": float(np.mean([p["greedy"] for p in last3])),
+        "iters_to_50pct_train": iters_to(series["episode/success_rate"]),
+        "env_steps": int(rows.sum()), "generated_tokens": int(round(float(tokens.sum()))),
+        "wall_seconds": wall + start_secs, "eval_seconds": cb.eval_seconds + start_secs,
+        "series": series, "anchor_phases": anchor_phases,
     }
-    if a.sampled_eval_temperature:
-        print(f"  seed {seed} {name:5s}: sampled-eval quarters "
-              f"{' '.join(f'{q:.3f}' for q in result['sampled_quarters'])}", flush=True)
-    print(f"  seed {seed} {name:5s}: quarters {' '.join(f'{q:.3f}' for q in result['quarters'])}  "
-          f"train-success {means['episode/success_rate']:.3f}  singleton {means['anchor/singleton_fraction']:.3f}"
-          f"  row-group {means['anchor/row_group_size_mean']:.2f}  wall {wall:.0f}s (eval {cb.eval_seconds:.0f}s)",
-          flush=True)
-    return result, base_eval
-
-
-def warm_up_seed(a, seed, tok, env_factory, train_maps, out):
-    """Format warm-up of one seed's policy; the weights are saved to ``out/seed{seed}/init`` for both arms."""
-    torch.set_num_threads(1)
-    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    loss, secs = format_warmup(model, tok, env_factory, train_maps, a.history_length, a.warmup_steps,
-                               a.warmup_batch, a.warmup_lr, seed, a.warmup_targets)
-    valid, hist = check_format(model, tok, env_factory, train_maps, a.history_length, seed=seed)
-    init_dir = out / f"seed{seed}" / "init"
-    model.save_pretrained(init_dir)
-    tok.save_pretrained(init_dir)
-    print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {a.warmup_steps} steps in {secs:.0f}s, "
-          f"loss {loss:.3f} (uniform moves: ~{np.log(4) / 7:.3f}/token), sampled valid format {valid:.2f}, "
-          f"moves {hist}", flush=True)
-    return {"loss": loss, "seconds": secs, "valid_format": valid, "moves": hist, "params": n_params}
-
-
-def arm_job(job, a, tok, env_factory, train_ds, eval_ds, out):
-    """One (seed, arm) training run from the seed's saved warm-up weights. Each arm evaluates the start itself
-    (same weights, same RNG state, so both arms see the same start and then the same training RNG stream)."""
-    seed, arm = job
-    torch.set_num_threads(1)
-    result, _ = run_arm(a, arm, ARMS[arm], seed, str(out / f"seed{seed}" / "init"), tok, env_factory, train_ds,
-                        eval_ds, None)
+    sampled = " ".join(f"{p['sampled']:.2f}" for p in points)
+    greedy = " ".join(f"{p['greedy']:.2f}" for p in points)
+    print(f"  seed {seed} {arm:5s}: sampled {sampled} | greedy {greedy} | last3 {result['headline_sampled']:.3f}/"
+          f"{result['headline_greedy']:.3f} | 50% at it {result['iters_to_50pct_train']} | "
+          f"wall {result['wall_seconds']:.0f}s", flush=True)
     return result
 
 
+def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
+    """Legal-move warm-up of one seed's policy; the weights are saved to ``out/seed{seed}/init`` for every arm."""
+    torch.set_num_threads(1)
+    init_dir = out / f"seed{seed}" / "init"
+    if a.reuse_warmup and (init_dir / "warmup_stats.json").exists():  # same settings assumed (see --help)
+        print(f"seed {seed}: warm-up weights reused from {init_dir}", flush=True)
+        return json.loads((init_dir / "warmup_stats.json").read_text()) | {"reused": True}
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    loss, secs = legal_move_warmup(model, tok, a, env_factory, train_tasks, seed)
+    check = check_warmup(model, tok, a, env_factory, train_tasks, seed=seed)
+    model.save_pretrained(init_dir)
+    tok.save_pretrained(init_dir)
+    print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {a.warmup_steps} steps in {secs:.0f}s, loss "
+          f"{loss:.3f}; sampled: {check}", flush=True)
+    stats = {"loss": loss, "seconds": secs, "params": n_params} | check
+    (init_dir / "warmup_stats.json").write_text(json.dumps(stats))
+    return stats
+
+
+def arm_job(job, a, tok, env_factory, train_ds, eval_ds, out):
+    seed, arm = job
+    torch.set_num_threads(1)
+    return run_arm(a, arm, seed, str(out / f"seed{seed}" / "init"), tok, env_factory, train_ds, eval_ds)
+
+
 # ---------------------------------------------------------------------------------------------- report
-def _table(results, seeds, key_q, key_base, title):
-    head = f"{'seed':>4} {'arm':6} {'start':>6} {'Q1':>6} {'Q2':>6} {'Q3':>6} {'final':>6} {'wall s':>7}"
-    lines = [title, head, "-" * len(head)]
-    for seed in seeds:
-        for arm in ARMS:
-            r = results[(seed, arm)]
-            lines.append(f"{seed:>4} {arm:6} {r[key_base]:6.3f} " + " ".join(f"{x:6.3f}" for x in r[key_q])
-                         + f" {r['wall_seconds']:7.0f}")
+def gap_stats(results, seeds, a_arm, b_arm, key):
+    gaps = [100 * (results[(s, a_arm)][key] - results[(s, b_arm)][key]) for s in seeds]
+    m, lo, hi = t_interval(gaps)
+    return {"per_seed_pp": dict(zip(map(str, seeds), gaps)), "gap_pp": m, "ci95_pp": [lo, hi]}
+
+
+def report(results, seeds, arms, a):
+    lines = []
+    head = f"{'seed':>4} " + " ".join(f"{arm + ' T=1':>11} {arm + ' greedy':>12}" for arm in arms)
+    lines += ["held-out success, mean of the last 3 evaluations (iterations "
+              f"{', '.join(str(p['iteration']) for p in results[(seeds[0], arms[0])]['points'][-3:])}):", head,
+              "-" * len(head)]
+    for s in seeds:
+        lines.append(f"{s:>4} " + " ".join(f"{results[(s, arm)]['headline_sampled']:11.3f} "
+                                           f"{results[(s, arm)]['headline_greedy']:12.3f}" for arm in arms))
     lines.append("-" * len(head))
-    for arm in ARMS:
-        rs = [results[(s, arm)] for s in seeds]
-        q = np.mean([r[key_q] for r in rs], axis=0)
-        lines.append(f"{'mean':>4} {arm:6} {np.mean([r[key_base] for r in rs]):6.3f} "
-                     + " ".join(f"{x:6.3f}" for x in q) + f" {np.mean([r['wall_seconds'] for r in rs]):7.0f}")
-    gaps = [100 * (results[(s, "GiGPO")][key_q][-1] - results[(s, "GRPO")][key_q][-1]) for s in seeds]
-    lines.append("GiGPO - GRPO final (percentage points): "
-                 + ", ".join(f"seed {s}: {g:+.1f}" for s, g in zip(seeds, gaps)) + f"; mean {np.mean(gaps):+.1f}")
-    return lines, float(np.mean(gaps))
-
-
-def print_table(results, seeds, sampled_t=1.0):
-    lines, gap = _table(results, seeds, "quarters", "base",
-                        "held-out eval success, greedy (eval_temperature=0), after each quarter of training:")
-    lines.append(f"target: mean gap >= +10 pp -> {'PASS' if gap >= 10 else 'MISS'}")
-    if results[(seeds[0], "GiGPO")]["sampled_quarters"][0] is not None:
-        more, sgap = _table(results, seeds, "sampled_quarters", "base_sampled",
-                            f"held-out eval success, sampled (temperature {sampled_t:g}), same maps:")
-        lines += [""] + more
+    lines.append(f"{'mean':>4} " + " ".join(f"{np.mean([results[(s, arm)]['headline_sampled'] for s in seeds]):11.3f} "
+                                            f"{np.mean([results[(s, arm)]['headline_greedy'] for s in seeds]):12.3f}"
+                                            for arm in arms))
+    pairs = [(x, y) for x, y in (("GiGPO", "GRPO"), ("HGPO", "GiGPO"), ("HGPO", "GRPO")) if x in arms and y in arms]
+    gaps = {}
     lines.append("")
-    h2 = f"{'seed':>4} {'arm':6} {'train-succ':>10} {'singleton':>9} {'row-grp':>7} {'grp-mean':>8} {'rows/it':>7} {'len':>5}"
-    lines += ["anchor-group statistics (means over the run's logged iterations):", h2]
-    for seed in seeds:
-        for arm in ARMS:
-            m = results[(seed, arm)]["log_means"]
-            lines.append(f"{seed:>4} {arm:6} {m['episode/success_rate']:10.3f} {m['anchor/singleton_fraction']:9.3f} "
-                         f"{m['anchor/row_group_size_mean']:7.2f} {m['anchor/group_size_mean']:8.2f} "
-                         f"{m['rollout/rows']:7.0f} {m['episode/length_mean']:5.2f}")
-    return "\n".join(lines), gap
+    lines.append("paired gaps over seeds (percentage points; 95% t interval, df = seeds - 1):")
+    for x, y in pairs:
+        for key, label in (("headline_sampled", "T=1"), ("headline_greedy", "greedy")):
+            g = gap_stats(results, seeds, x, y, key)
+            gaps[f"{x}-{y}/{label}"] = g
+            lines.append(f"  {x} - {y} ({label:6s}): {g['gap_pp']:+6.1f} pp  [{g['ci95_pp'][0]:+6.1f}, "
+                         f"{g['ci95_pp'][1]:+6.1f}]   per seed: "
+                         + ", ".join(f"{v:+.1f}" for v in g["per_seed_pp"].values()))
+    lines.append("")
+    lines.append("iterations until the 5-iteration running mean of training success >= 0.5 (- = never), "
+                 "env steps and generated tokens per run (training rollouts):")
+    for arm in arms:
+        its = [results[(s, arm)]["iters_to_50pct_train"] for s in seeds]
+        steps = [results[(s, arm)]["env_steps"] for s in seeds]
+        toks = [results[(s, arm)]["generated_tokens"] for s in seeds]
+        reached = [i for i in its if i is not None]
+        lines.append(f"  {arm:5s}: per seed {' '.join(str(i) if i else '-' for i in its)}; mean over seeds that "
+                     f"reached it {np.mean(reached) if reached else float('nan'):.1f} ({len(reached)}/{len(seeds)})"
+                     f"; env steps {np.mean(steps):,.0f}; tokens {np.mean(toks):,.0f}")
+    lines.append("")
+    lines.append("anchor (step-group) statistics of the training rollouts, mean over seeds: fraction of step groups "
+                 "that are singletons; fraction of rows by the size of their step group")
+    lines.append(f"  {'arm':5s} {'phase':6s} {'iters':>7} {'singl.':>6} {'rows>=2':>7} "
+                 + " ".join(f"{bin_label(lo, hi):>5}" for lo, hi in SIZE_BINS))
+    for arm in arms:
+        for phase in ("early", "middle", "late"):
+            ps = [results[(s, arm)]["anchor_phases"].get(phase) for s in seeds]
+            ps = [p for p in ps if p]
+            if not ps:
+                continue
+            hist = {k: np.mean([p["row_size_hist"].get(k, 0.0) for p in ps]) for k in ps[0]["row_size_hist"]}
+            sg = [p["singleton_group_fraction"] for p in ps if p["singleton_group_fraction"] is not None]
+            deep = [p["deepest_level_rows_in_groups_ge2"] for p in ps
+                    if "deepest_level_rows_in_groups_ge2" in p and ARMS[arm].get("step_grouping") == "hierarchical"]
+            lines.append(f"  {arm:5s} {phase:6s} {ps[0]['iterations'][0]:>3}-{ps[0]['iterations'][1]:<3} "
+                         f"{np.mean(sg) if sg else float('nan'):6.3f} {np.mean([p['rows_in_groups_ge2'] for p in ps]):7.3f} "
+                         + " ".join(f"{v:5.3f}" for v in hist.values())
+                         + (f"   deepest HGPO level: rows>=2 {np.mean(deep):.3f}" if deep else ""))
+    return "\n".join(lines), gaps
 
 
-def plot(results, seeds, a, path):
+def plot(results, seeds, arms, a, path):
     try:
         import matplotlib
 
@@ -406,80 +589,108 @@ def plot(results, seeds, a, path):
     except ImportError:
         print("matplotlib not installed (pip install matplotlib): no plot")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange"}
-    for arm in ARMS:
-        xs = [0] + [s // a.spg for s in results[(seeds[0], arm)]["eval_steps"]]
-        ys = np.array([[results[(s, arm)]["base"]] + results[(s, arm)]["quarters"] for s in seeds])
-        for row in ys:
-            axes[0].plot(xs, row, color=colors[arm], alpha=0.25, lw=1)
-        axes[0].plot(xs, ys.mean(0), color=colors[arm], lw=2.5, marker="o", label=f"{arm} (ω={ARMS[arm]:g}) greedy")
-        if results[(seeds[0], arm)]["sampled_quarters"][0] is not None:
-            ys = np.array([[results[(s, arm)]["base_sampled"]] + results[(s, arm)]["sampled_quarters"] for s in seeds])
-            axes[0].plot(xs, ys.mean(0), color=colors[arm], lw=1.5, ls="--", marker="s",
-                         label=f"{arm} sampled T={a.sampled_eval_temperature:g}")
-        tr = [np.asarray(results[(s, arm)]["train_success_series"]) for s in seeds]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green"}
+
+    def band(ax, xs, ys, color, label):
+        ys = np.asarray(ys, dtype=float)
+        m = ys.mean(0)
+        if len(ys) > 1:
+            df = len(ys) - 1
+            q = T975.get(df, 1.96 if df > 30 else T975[max(k for k in T975 if k <= df)])
+            half = q * ys.std(0, ddof=1) / np.sqrt(len(ys))
+            ax.fill_between(xs, m - half, m + half, color=color, alpha=0.18)
+        ax.plot(xs, m, color=color, lw=2, label=label)
+
+    for arm in arms:
+        pts = [results[(s, arm)]["points"] for s in seeds]
+        xs = [p["iteration"] for p in pts[0]]
+        band(axes[0], xs, [[p["sampled"] for p in ps] for ps in pts], colors[arm], arm)
+        band(axes[1], xs, [[p["greedy"] for p in ps] for ps in pts], colors[arm], arm)
+        tr = [np.asarray(results[(s, arm)]["series"]["episode/success_rate"]) for s in seeds]
         n = min(map(len, tr))
         if n:
-            m = np.mean([t[:n] for t in tr], axis=0)
-            k = max(1, n // 15)
-            sm = np.convolve(m, np.ones(k) / k, mode="valid")
-            axes[1].plot(np.arange(len(sm)) + k - 1, sm, color=colors[arm], lw=2, label=arm)
-    axes[0].set(xlabel="training iteration", ylabel="held-out eval success",
-                title=f"FrozenLake {a.map_size}x{a.map_size}, {len(seeds)} seeds (thin: per seed)")
-    axes[1].set(xlabel="training iteration (logged)", ylabel="training rollout success (sampled)",
-                title="training success, moving average")
+            k = min(5, n)
+            sm = [np.convolve(t[:n], np.ones(k) / k, mode="valid") for t in tr]
+            band(axes[2], np.arange(k, n + 1), sm, colors[arm], arm)
+    name = f"corridor, {a.length} rooms" if a.env == "corridor" else f"FrozenLake {a.map_size}x{a.map_size}"
+    axes[0].set(title=f"held-out success, sampled T=1 ({name})", ylabel="success")
+    axes[1].set(title="held-out success, greedy")
+    axes[2].set(title="training success (5-iteration running mean)")
     for ax in axes:
+        ax.set(xlabel="training iteration", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="lower right")
+    fig.suptitle(f"{len(seeds)} seeds: mean and 95% t band over seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     print(f"plot: {path}")
 
 
 # ---------------------------------------------------------------------------------------------- main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="~1-minute smoke version (1 seed, 8 iterations, 32 eval maps)")
-    p.add_argument("--output_dir", default="outputs/bench/learning")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--iterations", type=int, default=100, help="rollout/update iterations per arm")
-    p.add_argument("--groups", type=int, default=8, help="task groups per iteration")
-    p.add_argument("--num_generations", type=int, default=8, help="rollouts per group (N)")
-    p.add_argument("--spg", type=int, default=4, help="steps_per_generation (optimizer steps per iteration)")
-    p.add_argument("--map_size", type=int, default=4)
-    p.add_argument("--p", type=float, default=0.8, help="FrozenLake: probability that a cell is frozen")
-    p.add_argument("--max_turns", type=int, default=10)
-    p.add_argument("--prompt", default="local", choices=["compact", "local", "full"],
-                   help="compact: short prompt, env's grid observation; local: compact + one line naming what "
-                        "each move leads to (anchors stay the env's grid); full: the env's own prompt")
-    p.add_argument("--history_length", type=int, default=0)
-    p.add_argument("--train_maps", type=int, default=64, help="size of the fixed training map set")
-    p.add_argument("--eval_tasks", type=int, default=100, help="held-out eval maps")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--gamma", type=float, default=0.95)
+    p.add_argument("--testbed", default="corridor", choices=sorted(TESTBEDS))
+    p.add_argument("--quick", action="store_true", help="<= 3-minute smoke version (1 seed, 4 iterations, 16 eval tasks)")
+    p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=None,
+                   help="arms to run (default: GiGPO GRPO, plus HGPO when GiGPOConfig has step_grouping)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--output_dir", default="outputs/bench/learning", help="weights and trainer outputs")
+    p.add_argument("--results_dir", default=None, help="learning.json / learning_curve.png (default "
+                   "benchmarks/results for a full run, output_dir otherwise)")
+    p.add_argument("--iterations", type=int, help="rollout/update iterations per arm")
+    p.add_argument("--eval_every", type=int, help="held-out evaluation every this many iterations")
+    p.add_argument("--groups", type=int, help="task groups per iteration")
+    p.add_argument("--num_generations", type=int, help="rollouts per group (N)")
+    p.add_argument("--spg", type=int, help="steps_per_generation (optimizer steps per iteration)")
+    p.add_argument("--length", type=int, help="corridor: number of rooms")
+    p.add_argument("--directions", type=int, choices=[2, 4], help="corridor: doors left/right (2) or anywhere (4)")
+    p.add_argument("--map_size", type=int, help="frozenlake: side of the map")
+    p.add_argument("--p", type=float, help="frozenlake: probability that a cell is frozen")
+    p.add_argument("--max_turns", type=int)
+    p.add_argument("--walk_turns", type=int, help="warm-up prompts: random-walk length bound")
+    p.add_argument("--history_length", type=int)
+    p.add_argument("--train_tasks", type=int, help="size of the training task set")
+    p.add_argument("--eval_tasks", type=int, help="held-out eval tasks")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--gamma", type=float)
     p.add_argument("--advantage_mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
-    p.add_argument("--max_completion_length", type=int, default=10)
-    p.add_argument("--sampled_eval_temperature", type=float, default=1.0,
-                   help="also evaluate by sampling at this temperature (0: greedy only)")
+    p.add_argument("--max_completion_length", type=int)
+    p.add_argument("--sampled_eval_temperature", type=float, default=1.0)
     p.add_argument("--workers", type=int, default=2,
-                   help="(seed, arm) runs in parallel processes (each single-threaded); 1 = one after another")
+                   help="runs in parallel processes (each single-threaded); 1 = one after another")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=600)
-    p.add_argument("--warmup_steps", type=int, default=1000)
+    p.add_argument("--report_only", action="store_true",
+                   help="no training: report the runs already in OUTPUT_DIR/runs.jsonl (e.g. of a cut run)")
+    p.add_argument("--reuse_warmup", action="store_true",
+                   help="load a seed's warm-up weights from OUTPUT_DIR/seedS/init when a run with the same "
+                        "settings left them there")
+    p.add_argument("--warmup_steps", type=int)
     p.add_argument("--warmup_batch", type=int, default=32)
     p.add_argument("--warmup_lr", type=float, default=3e-3)
-    p.add_argument("--warmup_targets", default="safe", choices=["safe", "random"],
-                   help="warm-up move targets: random among the moves that stay on the ice (safe) or uniformly "
-                        "random (random: the policy learns to ignore the prompt)")
     a = p.parse_args(argv)
+    for key, value in TESTBEDS[a.testbed].items():
+        if getattr(a, key, None) is None:
+            setattr(a, key, value)
+    for key in ("length", "directions", "map_size", "p"):
+        if getattr(a, key) is None:
+            setattr(a, key, 0)
+    a.arms = a.arms or default_arms()
     if a.quick:
         a.seeds = a.seeds[:1]
-        a.iterations = min(a.iterations, 8)
-        a.eval_tasks = min(a.eval_tasks, 32)
-        a.warmup_steps = min(a.warmup_steps, 300)
+        a.iterations = min(a.iterations, 4)
+        a.eval_every = min(a.eval_every, 2)
+        a.eval_tasks = min(a.eval_tasks, 16)
+        a.warmup_steps = min(a.warmup_steps, 100)
+    if a.results_dir is None:
+        a.results_dir = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+                         if not a.quick and a.testbed == "corridor" else a.output_dir)
+    missing = [arm for arm in a.arms if any(k not in {f.name for f in dataclasses.fields(GiGPOConfig)}
+                                            for k in ARMS[arm])]
+    if missing:
+        p.error(f"--arms {' '.join(missing)}: this GiGPOConfig lacks the fields {[ARMS[m] for m in missing]}")
     return a
 
 
@@ -492,57 +703,93 @@ def main(argv=None) -> int:
     datasets.disable_progress_bars()
     a = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
-    out = Path(a.output_dir)
+    out, res_dir = Path(a.output_dir), Path(a.results_dir)
     out.mkdir(parents=True, exist_ok=True)
+    res_dir.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
-    env_cls = {"compact": CompactFrozenLake, "local": LocalViewFrozenLake, "full": FrozenLakeEnv}[a.prompt]
-    env_factory = functools.partial(env_cls, size=a.map_size, p=a.p, max_turns=a.max_turns)
+    env_factory = env_factory_for(a)
     env = env_factory()
     print(f"settings: {json.dumps(vars(a))}", flush=True)
-
-    tok = make_tokenizer(env_factory, a.history_length, a.vocab)
-    train_ds = env.tasks("train").select(range(a.train_maps))
+    tok = make_tokenizer(a, env_factory, a.vocab)
+    train_ds = env.tasks("train").select(range(a.train_tasks))
     eval_ds = env.tasks("eval").select(range(a.eval_tasks))
-    train_maps = list(train_ds["task"])
-    from gigpo_trl.envs.frozenlake import generate_map
-
-    train_layouts = {generate_map(m, a.map_size, a.p) for m in train_maps}
-    overlap = sum(generate_map(m, a.map_size, a.p) in train_layouts for m in eval_ds["task"])
-    print(f"maps: {len(train_maps)} train ids ({len(train_layouts)} distinct layouts), {len(eval_ds)} held-out eval "
-          f"ids, of which {overlap} have a layout that also occurs in the train set", flush=True)
-    sample = tok.apply_chat_template(random_prompt_messages(env, random.Random(0), train_maps, a.history_length),
-                                     add_generation_prompt=True, tokenize=True)
-    sample = sample["input_ids"] if hasattr(sample, "keys") else sample
+    train_tasks = list(train_ds["task"])
+    shared = set(train_tasks) & set(eval_ds["task"])
+    print(f"tasks: {len(train_tasks)} train, {len(eval_ds)} held-out eval, {len(shared)} shared", flush=True)
+    msgs, _ = random_prompt_messages(env, random.Random(0), train_tasks, a.history_length, a.walk_turns,
+                                     instruction_for(a), a.max_turns)
+    sample = _ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
     print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
-          f"{len(tok.encode(completion_text('right')))} + eos", flush=True)
+          f"{len(tok.encode(completion_text('right', a.think)))} + eos", flush=True)
 
-    warm = functools.partial(warm_up_seed, a, tok=tok, env_factory=env_factory, train_maps=train_maps, out=out)
-    jobs = [(seed, arm) for seed in a.seeds for arm in ARMS]
+    warm = functools.partial(warm_up_seed, a=a, tok=tok, env_factory=env_factory, train_tasks=train_tasks, out=out)
+    # GiGPO and GRPO of every seed first (they run side by side on the two workers), further arms after them, so a
+    # run cut short still has the main comparison on as many seeds as possible (see --report_only).
+    first = [arm for arm in a.arms if arm in ("GiGPO", "GRPO")]
+    jobs = [(seed, arm) for seed in a.seeds for arm in first] + [
+        (seed, arm) for arm in a.arms if arm not in first for seed in a.seeds]
     job = functools.partial(arm_job, a=a, tok=tok, env_factory=env_factory, train_ds=train_ds, eval_ds=eval_ds,
                             out=out)
-    if a.workers > 1:  # warm-ups, then (seed, arm) runs, in parallel processes, each single-threaded
+    runs_log = out / "runs.jsonl"  # one line per finished (seed, arm) run, so a cut run still has its results
+    if not a.report_only:
+        runs_log.write_text("")
+
+    def record(result):
+        with runs_log.open("a") as f:
+            f.write(json.dumps(result, default=float) + "\n")
+        return result
+
+    if a.report_only:
+        warmups = json.loads((out / "warmups.json").read_text()) if (out / "warmups.json").exists() else {}
+    elif a.workers > 1:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(min(a.workers, len(jobs))) as pool:
             warmups = dict(zip(a.seeds, pool.map(warm, a.seeds, chunksize=1)))
-            done = pool.map(job, jobs, chunksize=1)
+            (out / "warmups.json").write_text(json.dumps(warmups, default=float))
+            for result in pool.imap_unordered(job, jobs, chunksize=1):
+                record(result)
     else:
         warmups = {seed: warm(seed) for seed in a.seeds}
-        done = [job(j) for j in jobs]
-    results = dict(zip(jobs, done))
+        (out / "warmups.json").write_text(json.dumps(warmups, default=float))
+        for j in jobs:
+            record(job(j))
+    results = {}
+    for line in runs_log.read_text().splitlines():
+        r = json.loads(line)
+        results[(r["seed"], r["arm"])] = r
+    seeds = [s for s in a.seeds if all((s, arm) in results for arm in a.arms)]
+    if len(seeds) < len(a.seeds):
+        print(f"runs finished for all arms on seeds {seeds} only (of {a.seeds}); the report covers those")
+    if not seeds:
+        return 1
+    write_report(a, results, seeds, warmups, time.perf_counter() - t_all, res_dir)
+    return 0
 
-    table, gap = print_table(results, a.seeds, a.sampled_eval_temperature)
-    total = time.perf_counter() - t_all
+
+def write_report(a, results, seeds, warmups, total, res_dir):
+    table, gaps = report(results, seeds, a.arms, a)
     print()
     print(table)
-    print(f"\ntotal wall time: {total:.0f}s")
-    payload = {"settings": vars(a), "warmup": warmups, "total_seconds": total, "mean_gap_pp": gap,
-               "results": [results[(s, arm)] for s in a.seeds for arm in ARMS]}
-    (out / "learning.json").write_text(json.dumps(payload, indent=1, default=float))
-    (out / "learning_table.txt").write_text(table + f"\n\ntotal wall time: {total:.0f}s\n")
-    plot(results, a.seeds, a, out / "learning_curve.png")
-    print(f"json: {out / 'learning.json'}")
-    return 0
+    print(f"\ntotal wall time: {total:.0f}s ({a.workers} worker processes)")
+    main_gap = gaps.get("GiGPO-GRPO/T=1")
+    payload = {
+        "gap_pp": main_gap["gap_pp"] if main_gap else None,
+        "ci95_pp": main_gap["ci95_pp"] if main_gap else None,
+        "seeds": seeds,
+        "headline": (f"GiGPO - GRPO held-out success on {a.testbed} (sampled T=1, mean of the last 3 evaluations, "
+                     f"{len(seeds)} seeds, paired): {main_gap['gap_pp']:+.1f} pp, 95% t interval "
+                     f"[{main_gap['ci95_pp'][0]:+.1f}, {main_gap['ci95_pp'][1]:+.1f}]") if main_gap else None,
+        "gaps": gaps,
+        "per_seed": {str(s): {arm: {k: results[(s, arm)][k] for k in (
+            "headline_sampled", "headline_greedy", "iters_to_50pct_train", "env_steps", "generated_tokens",
+            "wall_seconds")} for arm in a.arms} for s in seeds},
+        "settings": vars(a), "arms": {arm: ARMS[arm] for arm in a.arms}, "warmup": warmups,
+        "total_seconds": total, "runs": [results[(s, arm)] for s in seeds for arm in a.arms], "table": table,
+    }
+    (res_dir / "learning.json").write_text(json.dumps(payload, indent=1, default=float))
+    plot(results, seeds, a.arms, a, res_dir / "learning_curve.png")
+    print(f"json: {res_dir / 'learning.json'}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ ENV_CLASSES = {
     "alfworld": "gigpo_trl.envs.alfworld:ALFWorldEnv",
     "frozenlake": "gigpo_trl.envs.frozenlake:FrozenLakeEnv",
     "sokoban": "gigpo_trl.envs.sokoban:SokobanEnv",
+    "corridor": "gigpo_trl.envs.corridor:CorridorEnv",
 }
 
 
