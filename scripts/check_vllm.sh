@@ -48,7 +48,8 @@ echo "[check_vllm] model: $MODEL_PATH"
 # gradient checkpointing on CPU) took >13 GB and were OOM-killed on this 24 GB machine.
 JOB_ARGS=(--model_name_or_path "$MODEL_PATH" --max_steps 2 --num_generations 2 --per_device_train_batch_size 1
           --steps_per_generation 4 --gradient_accumulation_steps 4 --max_turns 4 --max_completion_length 32
-          --eval_max_tasks 4 --learning_rate 1e-4 --vllm_max_model_length 2048 --disable_tqdm true)
+          --eval_max_tasks 4 --learning_rate 1e-4 --vllm_max_model_length 2048 --disable_tqdm true
+          --overwrite_output_dir true)  # the check rewrites its own fixed folders on every run
 status=0
 
 if [[ " $MODES " == *" colocate "* ]]; then
