@@ -87,6 +87,19 @@ class TextEnv:
         """Release resources (subprocesses, files)."""
 
 
+#: The moves of the grid environments (FrozenLake, Sokoban, Corridor).
+GRID_MOVES = ("up", "down", "left", "right")
+
+
+def parse_move(action: Any) -> str | None:
+    """Normalise ``action`` to one of ``up/down/left/right`` (whitespace and case ignored) or return ``None`` if it
+    is not a move."""
+    if not isinstance(action, str):
+        return None
+    word = " ".join(action.split()).lower()
+    return word if word in GRID_MOVES else None
+
+
 def seed_tasks(split: str, splits: dict, task_type: str, env_name: str):
     """Task dataset of a procedural env whose task ids double as seeds: ``splits`` maps split names to id ranges.
 

@@ -46,7 +46,7 @@ import random
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .base import TextEnv, seed_tasks
+from .base import TextEnv, parse_move, seed_tasks
 
 MOVES = ("up", "down", "left", "right")
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
@@ -82,14 +82,6 @@ class Room(NamedTuple):
     passage_kind: str
     dead_end: str
     dead_end_kind: str
-
-
-def parse_move(action: Any) -> str | None:
-    """Normalise ``action`` to one of ``up/down/left/right`` or return ``None`` if it is not a move."""
-    if not isinstance(action, str):
-        return None
-    word = " ".join(action.split()).lower()
-    return word if word in MOVES else None
 
 
 @lru_cache(maxsize=8192)

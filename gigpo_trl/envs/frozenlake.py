@@ -31,7 +31,7 @@ from collections import deque
 from functools import lru_cache
 from typing import Any
 
-from .base import TextEnv, seed_tasks
+from .base import TextEnv, parse_move, seed_tasks
 
 ACTIONS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 ACTION_NAMES: list[str] = list(ACTIONS)
@@ -57,14 +57,6 @@ PROMPT_TEMPLATE = (
 )
 
 INSTRUCTION = "Walk across the frozen lake from your position P to the goal G without stepping into a hole O."
-
-
-def parse_move(action: Any) -> str | None:
-    """Normalise ``action`` to one of ``up/down/left/right`` or return ``None`` if it is not a move."""
-    if not isinstance(action, str):
-        return None
-    word = " ".join(action.split()).lower()
-    return word if word in ACTIONS else None
 
 
 @lru_cache(maxsize=4096)

@@ -35,7 +35,7 @@ from collections import deque
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .base import TextEnv, seed_tasks
+from .base import TextEnv, parse_move, seed_tasks
 
 MOVES: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 ACTION_NAMES: list[str] = list(MOVES)
@@ -75,14 +75,6 @@ class Level(NamedTuple):
     targets: frozenset
     boxes: frozenset
     player: tuple[int, int]
-
-
-def parse_move(action: Any) -> str | None:
-    """Normalise ``action`` to one of ``up/down/left/right`` or return ``None`` if it is not a move."""
-    if not isinstance(action, str):
-        return None
-    word = " ".join(action.split()).lower()
-    return word if word in MOVES else None
 
 
 def parse_level(text: str) -> Level:
