@@ -348,28 +348,12 @@ class GiGPOTrainer(GRPOTrainer):
 
         # GiGPO advantages over whole task groups: gather every rank's row keys, compute, keep the local slice.
         t1 = time.perf_counter()
-        keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
+        keys = _advantage_keys(rows)
         all_keys = gather_object(keys) if self.accelerator.num_processes > 1 else keys
         counts = gather_object([len(rows)]) if self.accelerator.num_processes > 1 else [len(rows)]
         start = sum(counts[:rank])
         if all_keys:
-            groups, trajs, anchors, rewards, valid, histories = zip(*all_keys)
-            result = compute_gigpo_advantages(
-                rewards=np.asarray(rewards, dtype=np.float64),
-                group_ids=list(groups),
-                trajectory_ids=list(trajs),
-                anchor_states=list(anchors),
-                action_valid=np.asarray(valid, dtype=bool),
-                gamma=self.args.gamma,
-                step_advantage_weight=self.args.step_advantage_weight,
-                mode=self.args.advantage_mode,
-                invalid_action_penalty=self.args.invalid_action_penalty,
-                episode_stats=self.args.episode_stats,
-                similarity_threshold=self.args.anchor_similarity_threshold,
-                step_grouping=self.args.step_grouping,
-                hierarchy_depth=self.args.hierarchy_depth,
-                history_keys=list(histories),
-            )
+            result = self._advantages(all_keys)
             advantages = np.asarray(result.advantages, dtype=np.float32)[start : start + len(rows)]
         else:
             result, advantages = None, np.zeros(0, dtype=np.float32)
@@ -431,22 +415,34 @@ class GiGPOTrainer(GRPOTrainer):
             returns.setdefault(group, set()).add(round(value, 9))
         flat = {g for g, values in returns.items() if len(values) == 1}
         if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
-            keys = [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key)
-                    for r in batch.rows if r.group_id in flat]
+            keys = _advantage_keys([r for r in batch.rows if r.group_id in flat])
             keys = gather_object(keys) if multi else keys
             if keys:  # the same estimator settings as the training advantages, so A_S is the one trained on
-                groups, trajs, anchors, rewards, valid, histories = zip(*keys)
-                A_S = compute_gigpo_advantages(
-                    rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups),
-                    trajectory_ids=list(trajs), anchor_states=list(anchors),
-                    action_valid=np.asarray(valid, dtype=bool), gamma=self.args.gamma,
-                    mode=self.args.advantage_mode, invalid_action_penalty=self.args.invalid_action_penalty,
-                    episode_stats=self.args.episode_stats, similarity_threshold=self.args.anchor_similarity_threshold,
-                    step_grouping=self.args.step_grouping, hierarchy_depth=self.args.hierarchy_depth,
-                    history_keys=list(histories),
-                ).step_advantages
+                groups = [key[0] for key in keys]
+                A_S = self._advantages(keys).step_advantages
                 flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
         return flat
+
+    def _advantages(self, keys: list[tuple]):
+        """:func:`compute_gigpo_advantages` over rows given as :func:`_advantage_keys` tuples (all ranks' rows, in
+        order), with this config's estimator settings."""
+        groups, trajs, anchors, rewards, valid, histories = zip(*keys)
+        return compute_gigpo_advantages(
+            rewards=np.asarray(rewards, dtype=np.float64),
+            group_ids=list(groups),
+            trajectory_ids=list(trajs),
+            anchor_states=list(anchors),
+            action_valid=np.asarray(valid, dtype=bool),
+            gamma=self.args.gamma,
+            step_advantage_weight=self.args.step_advantage_weight,
+            mode=self.args.advantage_mode,
+            invalid_action_penalty=self.args.invalid_action_penalty,
+            episode_stats=self.args.episode_stats,
+            similarity_threshold=self.args.anchor_similarity_threshold,
+            step_grouping=self.args.step_grouping,
+            hierarchy_depth=self.args.hierarchy_depth,
+            history_keys=list(histories),
+        )
 
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of
@@ -916,6 +912,11 @@ class GiGPOTrainer(GRPOTrainer):
         Trainer.log(self, metrics)  # not GRPOTrainer.log: that would flush the pending train metrics
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+
+def _advantage_keys(rows: list[StepRow]) -> list[tuple]:
+    """What the advantage estimator reads of each row, small and picklable (gathered across ranks)."""
+    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
 
 
 def _check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
