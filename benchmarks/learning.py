@@ -7,16 +7,19 @@
     python benchmarks/learning.py --arms GiGPO GRPO       # a subset of the arms
 
 Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
-a dead end in random directions; the shortest episode is 12 turns, reward 1 only for leaving the last room
-(plus the trainer's invalid-action penalty), ``max_turns`` 24. Training uses the env's train ids, evaluation its
-disjoint eval ids. The prompt is a compact version of the env's (same observations, dynamics, rewards, anchors).
+a dead end (left/right in random order), ``max_turns`` 30; the shortest episode is 12 turns, reward 1 only for
+leaving the last room (plus the trainer's invalid-action penalty). The policy acts through ``DoorCorridor``: it
+names the door it walks through (``arch``, ``stairs``: passages; ``closet``, ``niche``: dead ends; ``back`` out of
+a dead end) and the benchmark translates that to the env's move, so observations, dynamics, rewards and anchors
+are the env's (``--actions moves`` names directions instead). Training uses the env's train ids, evaluation its
+disjoint eval ids. The prompt is a compact version of the env's.
 
 Per seed:
 
 1. a tiny Qwen2 policy (random init, compact BPE tokenizer trained offline on the testbed's prompts) gets a
    supervised *legal-move* warm-up: real prompts (``gigpo_trl.prompts.build_messages`` + the chat template) of
    states reached by random walks, targets ``<think>go</think><action>{move}</action>`` with the move drawn
-   uniformly among the state's legal moves (corridor: the two doors of a room, the way out of a dead end;
+   uniformly among the state's legal moves (corridor: the two doors of a room, ``back`` in a dead end;
    FrozenLake: no edge bump, no hole). It learns the format and the rules, nothing about which door leads on
    or where the goal is. The weights are saved once; every arm starts from them.
 2. every arm (``ARMS``; HGPO only when ``GiGPOConfig`` has ``step_grouping``) trains from those weights with
@@ -60,7 +63,7 @@ import torch  # noqa: E402
 import gigpo_trl.trainer as trainer_module  # noqa: E402
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from gigpo_trl.envs.corridor import INSTRUCTION as CORRIDOR_INSTRUCTION  # noqa: E402
-from gigpo_trl.envs.corridor import CorridorEnv  # noqa: E402
+from gigpo_trl.envs.corridor import DEAD_ENDS, MOVES, OPPOSITE, PASSAGES, CorridorEnv  # noqa: E402
 from gigpo_trl.envs.frozenlake import ACTION_NAMES, FrozenLakeEnv  # noqa: E402
 from gigpo_trl.envs.frozenlake import INSTRUCTION as FROZENLAKE_INSTRUCTION  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
@@ -116,6 +119,44 @@ class CompactCorridor(CorridorEnv):
 
     system_prompt = "Rooms in a row; one door leads on. Answer <think>go</think><action>MOVE</action>."
     prompt_template = "{history}Now: {observation}"
+    action_words = MOVES
+
+
+class DoorCorridor(CompactCorridor):
+    """CompactCorridor whose actions name the door to walk through by its kind (``arch``, ``stairs``, ``closet``,
+    ``niche``: the words the observation uses) instead of its direction, and ``back`` for the way out of a dead
+    end. Each action is translated to the env's own move, so observations, dynamics, rewards and anchors are
+    ``CorridorEnv``'s; a door that is not in the room (or any other text) is an invalid action. Why: a 100k-
+    parameter policy learns "prefer these door words" from reward within this CPU budget, but did not learn
+    "read which side the good door is on" (design runs in benchmarks/README.md); the credit-assignment problem,
+    12+ door choices per episode and one reward at the end, is the same."""
+
+    system_prompt = "Rooms in a row; one door leads on. Answer <think>go</think><action>DOOR</action>."
+    action_words = PASSAGES + DEAD_ENDS + ("back",)
+
+    def _door_moves(self) -> dict:
+        if not self.rooms or self.done:
+            return {}
+        room = self.rooms[self.room]
+        if self.in_dead_end:
+            return {"back": OPPOSITE[room.dead_end]}
+        doors = {room.passage: room.passage_kind, room.dead_end: room.dead_end_kind}
+        return {doors[m]: m for m in MOVES if m in doors}  # in the observation's order, never passage-first
+
+    def step(self, action: str):
+        move = self._door_moves().get(str(action).strip().lower())
+        return super().step(move if move is not None else self.invalid_action)
+
+    def legal_moves(self) -> list[str]:
+        """The doors of the current state (both of a room; ``back`` in a dead end); nothing about which leads on."""
+        return list(self._door_moves()) or list(self.action_words)
+
+    def expert_action(self) -> str:
+        move = super().expert_action()
+        return next((door for door, m in self._door_moves().items() if m == move), "back")
+
+    def _info(self, **extra):
+        return super()._info(**extra) | {"admissible_actions": self.legal_moves()}
 
 
 # The former testbed (now the smoke option): FrozenLake 4x4 with a compact prompt plus a local-view line.
@@ -157,21 +198,24 @@ class LocalViewFrozenLake(FrozenLakeEnv):
 TESTBEDS = {
     "corridor": dict(
         env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=2, iterations=30,
-        eval_every=5,
-        groups=4, num_generations=8, spg=4, lr=1e-3, gamma=0.95, train_tasks=256, eval_tasks=32,
-        warmup_steps=200, seeds=[0, 1, 2, 3, 4], think=True, max_completion_length=10,
+        eval_every=5, groups=4, num_generations=8, spg=4, lr=2.5e-5, gamma=0.95, train_tasks=256, eval_tasks=64,
+        warmup_steps=400, warmup_max_steps=1500, seeds=[0, 1, 2, 3, 4], think=True, actions="doors",
+        max_completion_length=10,
+        advantage_mode="mean_std_norm",
     ),
     "frozenlake4": dict(
         env="frozenlake", map_size=4, p=0.8, max_turns=10, walk_turns=10, history_length=0, iterations=100,
         eval_every=25, groups=8, num_generations=8, spg=4, lr=3e-4, gamma=0.95, train_tasks=64, eval_tasks=100,
-        warmup_steps=1000, seeds=[0, 1, 2], think=True, max_completion_length=10,
+        warmup_steps=1000, warmup_max_steps=1000, seeds=[0, 1, 2], think=True, max_completion_length=10,
+        advantage_mode="mean_norm",
     ),
 }
 
 
 def env_factory_for(a):
     if a.env == "corridor":
-        return functools.partial(CompactCorridor, length=a.length, max_turns=a.max_turns, directions=a.directions)
+        cls = DoorCorridor if a.actions == "doors" else CompactCorridor
+        return functools.partial(cls, length=a.length, max_turns=a.max_turns, directions=a.directions)
     return functools.partial(LocalViewFrozenLake, size=a.map_size, p=a.p, max_turns=a.max_turns)
 
 
@@ -200,7 +244,7 @@ def random_prompt_messages(env, rng: random.Random, task_ids, history_length: in
         obs = new_obs
     turn = min(len(history), max_turns - 1)
     window = history[len(history) - min(history_length, len(history)):] if history_length else []
-    return build_messages(env, instruction, obs, window, turn, max_turns, list(ACTION_NAMES)), env
+    return build_messages(env, instruction, obs, window, turn, max_turns, env.legal_moves()), env
 
 
 def make_tokenizer(a, env_factory, vocab_size: int):
@@ -214,9 +258,10 @@ def make_tokenizer(a, env_factory, vocab_size: int):
         msgs, _ = random_prompt_messages(env, rng, range(0, 10_000), a.history_length, a.walk_turns,
                                          instruction_for(a), a.max_turns)
         texts.append(chat.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
-    texts += [completion_text(m, a.think) + "<|im_end|>" for m in ACTION_NAMES] * 50
+    words = list(getattr(env, "action_words", ACTION_NAMES))
+    texts += [completion_text(m, a.think) + "<|im_end|>" for m in words] * 50
     tok = build_tiny_tokenizer(texts, vocab_size=vocab_size)
-    tok.add_tokens(TAGS)
+    tok.add_tokens(TAGS + (words if a.env == "corridor" else []))  # each action word one token
     return tok
 
 
@@ -227,26 +272,26 @@ def _ids(encoded):
 # ---------------------------------------------------------------------------------------------- warm-up
 def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
     """Plain cross-entropy on completion tokens; the target move is uniformly random among the prompt state's
-    legal moves (nothing about which of them leads to the goal). Returns (final loss, seconds)."""
+    legal moves (nothing about which of them leads to the goal). At least ``warmup_steps`` steps; then, every
+    100 steps, a sampled check on fresh prompts, stopping once ``legal >= warmup_legal`` or at
+    ``warmup_max_steps`` (seeds differ in when the tiny model picks the rules up). Returns (final loss, steps,
+    seconds)."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
     env = env_factory()
-    prompts, moves = [], []
-    for _ in range(a.warmup_steps * a.warmup_batch):
-        msgs, state = random_prompt_messages(env, rng, train_tasks, a.history_length, a.walk_turns,
-                                             instruction_for(a), a.max_turns)
-        prompts.append(_ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)))
-        moves.append(rng.choice(state.legal_moves()))
     eos, pad_id, bs = tok.eos_token_id, tok.pad_token_id, a.warmup_batch
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.warmup_lr, weight_decay=0.0)
-    loss_val = float("nan")
-    for step in range(a.warmup_steps):
+    loss_val, step = float("nan"), 0
+    while step < max(a.warmup_steps, a.warmup_max_steps):
         seqs, labels = [], []
-        for p, move in zip(prompts[step * bs:(step + 1) * bs], moves[step * bs:(step + 1) * bs]):
-            c = tok.encode(completion_text(move, a.think), add_special_tokens=False) + [eos]
-            seqs.append(list(p) + c)
-            labels.append([-100] * len(p) + c)
+        for _ in range(bs):
+            msgs, state = random_prompt_messages(env, rng, train_tasks, a.history_length, a.walk_turns,
+                                                 instruction_for(a), a.max_turns)
+            p = _ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+            c = tok.encode(completion_text(rng.choice(state.legal_moves()), a.think), add_special_tokens=False)
+            seqs.append(list(p) + c + [eos])
+            labels.append([-100] * len(p) + c + [eos])
         width = max(map(len, seqs))
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         lab = torch.full((len(seqs), width), -100, dtype=torch.long)
@@ -260,9 +305,16 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss_val = out.loss.item()
+        loss_val, step = out.loss.item(), step + 1
+        if step >= a.warmup_steps and step % 100 == 0:
+            model.eval()
+            check = check_warmup(model, tok, a, env_factory, train_tasks, n=256, seed=seed + 1000 + step)
+            done = check["legal"] >= a.warmup_legal
+            model.train()
+            if done:
+                break
     model.eval()
-    return loss_val, time.perf_counter() - t0
+    return loss_val, step, time.perf_counter() - t0
 
 
 def check_warmup(model, tok, a, env_factory, train_tasks, n=96, seed=0):
@@ -290,7 +342,8 @@ def check_warmup(model, tok, a, env_factory, train_tasks, n=96, seed=0):
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     parsed = [parse_action(t, require_think=a.think)
               for t in tok.batch_decode(out[:, width:], skip_special_tokens=True)]
-    valid = [p.valid and p.action in ACTION_NAMES for p in parsed]
+    words = set(getattr(env, "action_words", ACTION_NAMES))
+    valid = [p.valid and p.action in words for p in parsed]
     legal = [v and p.action in s.legal_moves() for v, p, s in zip(valid, parsed, states)]
     on = [p.action == s.expert_action() for p, s, lg in zip(parsed, states, legal) if lg and len(s.legal_moves()) == 2]
     return {"valid_format": float(np.mean(valid)), "legal": float(np.mean(legal)),
@@ -499,13 +552,13 @@ def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
         return json.loads((init_dir / "warmup_stats.json").read_text()) | {"reused": True}
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
-    loss, secs = legal_move_warmup(model, tok, a, env_factory, train_tasks, seed)
-    check = check_warmup(model, tok, a, env_factory, train_tasks, seed=seed)
+    loss, steps, secs = legal_move_warmup(model, tok, a, env_factory, train_tasks, seed)
+    check = check_warmup(model, tok, a, env_factory, train_tasks, n=256, seed=seed)
     model.save_pretrained(init_dir)
     tok.save_pretrained(init_dir)
-    print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {a.warmup_steps} steps in {secs:.0f}s, loss "
+    print(f"seed {seed}: {n_params / 1e3:.0f}k params; warm-up {steps} steps in {secs:.0f}s, loss "
           f"{loss:.3f}; sampled: {check}", flush=True)
-    stats = {"loss": loss, "seconds": secs, "params": n_params} | check
+    stats = {"loss": loss, "steps": steps, "seconds": secs, "params": n_params} | check
     (init_dir / "warmup_stats.json").write_text(json.dumps(stats))
     return stats
 
@@ -654,8 +707,10 @@ def parse_args(argv=None):
     p.add_argument("--eval_tasks", type=int, help="held-out eval tasks")
     p.add_argument("--lr", type=float)
     p.add_argument("--gamma", type=float)
-    p.add_argument("--advantage_mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
+    p.add_argument("--advantage_mode", choices=["mean_norm", "mean_std_norm"])
     p.add_argument("--max_completion_length", type=int)
+    p.add_argument("--actions", choices=["doors", "moves"],
+                   help="corridor: name the door (DoorCorridor, default) or the direction (CompactCorridor)")
     p.add_argument("--sampled_eval_temperature", type=float, default=1.0)
     p.add_argument("--workers", type=int, default=2,
                    help="runs in parallel processes (each single-threaded); 1 = one after another")
@@ -667,14 +722,17 @@ def parse_args(argv=None):
     p.add_argument("--reuse_warmup", action="store_true",
                    help="load a seed's warm-up weights from OUTPUT_DIR/seedS/init when a run with the same "
                         "settings left them there")
-    p.add_argument("--warmup_steps", type=int)
+    p.add_argument("--warmup_steps", type=int, help="warm-up steps at least")
+    p.add_argument("--warmup_max_steps", type=int, help="warm-up steps at most (checks every 100 steps)")
+    p.add_argument("--warmup_legal", type=float, default=0.95,
+                   help="stop the warm-up once this fraction of sampled moves is legal")
     p.add_argument("--warmup_batch", type=int, default=32)
     p.add_argument("--warmup_lr", type=float, default=3e-3)
     a = p.parse_args(argv)
     for key, value in TESTBEDS[a.testbed].items():
         if getattr(a, key, None) is None:
             setattr(a, key, value)
-    for key in ("length", "directions", "map_size", "p"):
+    for key in ("length", "directions", "map_size", "p", "actions"):
         if getattr(a, key) is None:
             setattr(a, key, 0)
     a.arms = a.arms or default_arms()
@@ -684,6 +742,7 @@ def parse_args(argv=None):
         a.eval_every = min(a.eval_every, 2)
         a.eval_tasks = min(a.eval_tasks, 16)
         a.warmup_steps = min(a.warmup_steps, 100)
+        a.warmup_max_steps = min(a.warmup_max_steps, 300)
     if a.results_dir is None:
         a.results_dir = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
                          if not a.quick and a.testbed == "corridor" else a.output_dir)
@@ -719,8 +778,9 @@ def main(argv=None) -> int:
     msgs, _ = random_prompt_messages(env, random.Random(0), train_tasks, a.history_length, a.walk_turns,
                                      instruction_for(a), a.max_turns)
     sample = _ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+    word = list(getattr(env, "action_words", ACTION_NAMES))[0]
     print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
-          f"{len(tok.encode(completion_text('right', a.think)))} + eos", flush=True)
+          f"{len(tok.encode(completion_text(word, a.think)))} + eos", flush=True)
 
     warm = functools.partial(warm_up_seed, a=a, tok=tok, env_factory=env_factory, train_tasks=train_tasks, out=out)
     # GiGPO and GRPO of every seed first (they run side by side on the two workers), further arms after them, so a
