@@ -5,10 +5,9 @@ import os
 import random
 import sys
 
-import pytest
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-learning = pytest.importorskip("learning")
+
+import learning  # noqa: E402  (benchmarks/learning.py)
 
 from gigpo_trl.envs.corridor import CorridorEnv  # noqa: E402
 
