@@ -2,7 +2,7 @@
 
     python benchmarks/learning.py                         # full run: corridor testbed, seeds 0-4, every arm
     python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, few iterations)
-    python benchmarks/learning.py --seeds 100 101 102     # other seeds (the design was tuned on 100-104)
+    python benchmarks/learning.py --seeds 100 101 102     # other seeds (the design was tuned on 100-101)
     python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
     python benchmarks/learning.py --arms GiGPO GRPO       # a subset of the arms
 
