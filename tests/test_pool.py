@@ -218,10 +218,26 @@ def test_ray_hanging_env_times_out_and_actor_restarts(ray_local):
 
 
 @RAY
+def _kill_and_wait_dead(ray, actor, timeout=60.0):
+    """``ray.kill`` only sends the kill: under load the actor can still answer a call or two. Return once a call
+    on it fails with the actor's death, so the test's next step meets a dead actor."""
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.count.remote(), timeout=5)
+        except ray.exceptions.GetTimeoutError:
+            continue
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"actor still answers {timeout} s after ray.kill")
+
+
 def test_ray_killed_actor_gives_errors_then_recovers(ray_local):
     with EnvPool(FrozenLakeEnv, num_workers=2, step_timeout=10, backend="ray") as pool:
         pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])  # actor 1 holds slots 1, 3
-        ray_local.kill(pool._workers[1].actor)
+        _kill_and_wait_dead(ray_local, pool._workers[1].actor)
         results = pool.step({0: "right", 1: "down"})
         assert results[0].error is None
         assert results[1].done and "worker actor died" in results[1].error and "task 1" in results[1].error
