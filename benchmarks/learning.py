@@ -170,6 +170,7 @@ class LocalViewFrozenLake(FrozenLakeEnv):
 
     system_prompt = "FrozenLake. P is you, O a hole, G the goal. Answer <think>go</think><action>MOVE</action>."
     prompt_template = "{history}Map:\n{observation}\nMove up, down, left or right."
+    action_words = ACTION_NAMES
 
     def render(self) -> str:
         grid = super().render()
@@ -258,7 +259,7 @@ def make_tokenizer(a, env_factory, vocab_size: int):
         msgs, _ = random_prompt_messages(env, rng, range(0, 10_000), a.history_length, a.walk_turns,
                                          instruction_for(a), a.max_turns)
         texts.append(chat.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
-    words = list(getattr(env, "action_words", ACTION_NAMES))
+    words = list(env.action_words)
     texts += [completion_text(m, a.think) + "<|im_end|>" for m in words] * 50
     tok = build_tiny_tokenizer(texts, vocab_size=vocab_size)
     tok.add_tokens(TAGS + (words if a.env == "corridor" else []))  # each action word one token
@@ -342,7 +343,7 @@ def check_warmup(model, tok, a, env_factory, train_tasks, n=96, seed=0):
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     parsed = [parse_action(t, require_think=a.think)
               for t in tok.batch_decode(out[:, width:], skip_special_tokens=True)]
-    words = set(getattr(env, "action_words", ACTION_NAMES))
+    words = set(env.action_words)
     valid = [p.valid and p.action in words for p in parsed]
     legal = [v and p.action in s.legal_moves() for v, p, s in zip(valid, parsed, states)]
     on = [p.action == s.expert_action() for p, s, lg in zip(parsed, states, legal) if lg and len(s.legal_moves()) == 2]
@@ -778,7 +779,7 @@ def main(argv=None) -> int:
     msgs, _ = random_prompt_messages(env, random.Random(0), train_tasks, a.history_length, a.walk_turns,
                                      instruction_for(a), a.max_turns)
     sample = _ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
-    word = list(getattr(env, "action_words", ACTION_NAMES))[0]
+    word = env.action_words[0]
     print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
           f"{len(tok.encode(completion_text(word, a.think)))} + eos", flush=True)
 
