@@ -25,6 +25,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from . import trl_compat
+
 logger = logging.getLogger("gigpo_trl.job")
 
 
@@ -148,8 +150,8 @@ def build_parser(job_defaults: dict | None = None, training_defaults: dict | Non
 
 def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
     """Titled help groups (job, GiGPO, batch, model, the rest), clearer texts, ``--config``; no ``--env`` when the
-    example fixes it. Moves argparse actions between groups (``_group_actions``, ``_option_string_actions``: the
-    private but long-stable argparse internals that ``add_argument_group`` itself fills)."""
+    example fixes it. Moves argparse actions between groups through :mod:`gigpo_trl.trl_compat` (argparse's private
+    but long-stable group internals, which ``add_argument_group`` itself fills)."""
     from trl import GRPOConfig, ModelConfig
 
     from .config import GiGPOConfig
@@ -169,7 +171,7 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
         ("model and LoRA (TRL ModelConfig)", model_fields),
         ("all other flags (TRL GRPOConfig / transformers TrainingArguments; see their documentation)", None),
     ]
-    everything = list(parser._optionals._group_actions)
+    everything = list(trl_compat.parser_optional_actions(parser))
     by_dest: dict[str, list] = {}
     for action in everything:
         by_dest.setdefault(action.dest, []).append(action)
@@ -181,10 +183,9 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
             action.default = argparse.SUPPRESS  # the positive flag's default is the field's; do not show another
     if fixed_env:
         for action in by_dest.pop("env"):
-            for option in action.option_strings:  # the action stays in parser._actions: its default fills the field
-                parser._option_string_actions.pop(option, None)
+            trl_compat.unregister_option_strings(parser, action)  # its default still fills the field
     placed: set[str] = set()
-    parser._optionals._group_actions[:] = [a for a in everything if a.dest == "help"]
+    trl_compat.parser_optional_actions(parser)[:] = [a for a in everything if a.dest == "help"]
     for title, names in layout:
         group = parser.add_argument_group(title)
         if names is not None and names[0] == "env" or title.startswith("job"):
@@ -192,7 +193,7 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
         for name in names if names is not None else [a.dest for a in everything]:
             if name in by_dest and name not in placed and name != "help":
                 placed.add(name)
-                group._group_actions.extend(by_dest[name])
+                trl_compat.add_actions_to_group(group, by_dest[name])
 
 
 def env_factory(job: JobArguments):

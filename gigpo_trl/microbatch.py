@@ -8,7 +8,7 @@ episode length (``per_device_train_batch_size`` counts trajectories). Like verl'
 
 fits a token budget, trims each sub-batch's padding to its own longest prompt and completion, and runs one
 forward/backward per sub-batch. This module holds the pure part (lengths → index lists, slicing a batch dict);
-the trainer only decides the loss weight of each sub-batch.
+:mod:`gigpo_trl.token_budget` runs the sub-batches (loss weights, gradient sync).
 
 Trimming is exact for the loss: prompts are left-padded, so dropping leading pad columns removes only masked
 positions (the positions of the kept tokens shift uniformly, which rotary attention does not see); completions

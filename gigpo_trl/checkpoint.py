@@ -1,0 +1,101 @@
+"""Checkpoint, resume and model-card behaviour of :class:`~gigpo_trl.trainer.GiGPOTrainer` (a mixin).
+
+Three things on top of TRL/Trainer's own checkpointing:
+
+- **rollout position**: TRL keeps its place in the generation cycle in the micro-step counter and the buffered
+  generation batch (see :func:`gigpo_trl.trl_compat.rollout_position`); they are saved per process as
+  ``gigpo_rollout_state_<rank>.pt`` next to Trainer's files and restored on resume, so a resumed run continues the
+  cycle instead of regenerating at once.
+- **token scrub**: the config file that Trainer writes (``training_args.bin``) and pushes carries no Hub token
+  (:func:`gigpo_trl.config.scrubbed_tokens`), while the live config keeps it.
+- **model card**: TRL's and PEFT's cards name the base model by its Hub id, not a local cache path
+  (:func:`gigpo_trl.models.hub_model_id`).
+
+The overridden hooks (``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``, ``_load_optimizer_and_scheduler``)
+are TRL/Trainer private methods, listed with their contract tests in :mod:`gigpo_trl.trl_compat`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from . import trl_compat
+from .config import scrubbed_tokens
+from .models import hub_model_id
+
+# Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
+ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
+
+
+class CheckpointMixin:
+    """Rollout position in checkpoints, token-free saved configs, Hub ids in model cards (mixed into a
+    ``GRPOTrainer`` subclass, before it in the bases)."""
+
+    def _save_checkpoint(self, model, trial):
+        """Also save this process's rollout position: TRL's micro-step counter ``_step`` and, when the checkpoint
+        falls inside a generation cycle, the buffered generation batch the next steps train on. Without them a
+        resumed run would regenerate at once (new samples, a shifted generation cycle) instead of continuing."""
+        if not self.args.save_only_model:
+            folder = os.path.join(trl_compat.output_dir(self, trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            step, buffered = trl_compat.rollout_position(self)
+            reuse = buffered is not None and step % generate_every != 0
+            state = {"step": step, "buffered_inputs": buffered if reuse else None}
+            # Tensors, lists, dicts and ints only: loadable with torch.load(weights_only=True).
+            torch.save(state, os.path.join(folder, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index)))
+        super()._save_checkpoint(model, trial)
+
+    # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
+    # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
+    # _save also writes PEFT's model card: see _card_names_hub_base_model.
+    def _save(self, output_dir=None, state_dict=None):
+        with scrubbed_tokens(), self._card_names_hub_base_model():
+            super()._save(output_dir, state_dict)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        with scrubbed_tokens():
+            super()._push_from_checkpoint(checkpoint_folder)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index))
+        if os.path.isfile(path):
+            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+            trl_compat.set_rollout_position(self, int(state["step"]), state["buffered_inputs"])
+        else:  # a checkpoint of another version: keep the generation cycle aligned, regenerate at once
+            trl_compat.set_rollout_position(self, self.state.global_step * self.args.gradient_accumulation_steps, None)
+
+    # TRL's card (create_model_card, also written with every checkpoint) and PEFT's (written by save_model) name the
+    # base model after the model's `name_or_path` / its config's `_name_or_path`. For the default model that is its
+    # cached local conversion, which TRL writes as "[None]" and PEFT as a local path. While they write, both name the
+    # Hub id instead (models.hub_model_id; a local folder of unknown origin stays as it is), then they are restored.
+    @contextlib.contextmanager
+    def _card_names_hub_base_model(self):
+        model = self.accelerator.unwrap_model(self.model)
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the transformers model
+        config = getattr(model, "config", None)
+        local = trl_compat.config_name_or_path(config) if config is not None else None
+        hub_id = hub_model_id(local) if local else None
+        if hub_id is None or hub_id == local:
+            yield
+            return
+        saved = model.name_or_path
+        trl_compat.set_config_name_or_path(config, hub_id)
+        model.name_or_path = hub_id
+        try:
+            yield
+        finally:
+            trl_compat.set_config_name_or_path(config, local)
+            model.name_or_path = saved
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        with self._card_names_hub_base_model():
+            super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+
