@@ -62,6 +62,12 @@ class StepRow:
     history_key: tuple[int, ...] = ()
 
 
+def advantage_keys(rows: list[StepRow]) -> list[tuple]:
+    """What the advantage estimator reads of each row, small and picklable (gathered across ranks):
+    ``(group_id, trajectory_id, anchor_state, reward, action_valid, history_key)`` per row."""
+    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
+
+
 @dataclass
 class TrajectoryRecord:
     """Summary of one episode: ``episode_return`` = R(τ), the sum of its rewards; ``failed`` when its

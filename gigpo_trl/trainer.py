@@ -16,13 +16,11 @@ The optimizer, logging, checkpoint files, PEFT, DeepSpeed and vLLM paths stay TR
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
 import math
 import time
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,18 +29,19 @@ import torch
 from accelerate.utils import gather_object
 from transformers import Trainer
 from trl import GRPOTrainer
-from trl.models import unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
-from .checkpoint import ROLLOUT_STATE_NAME, CheckpointMixin  # noqa: F401  (ROLLOUT_STATE_NAME: former home)
+from .checkpoint import CheckpointMixin
 from .checks import (check_first_prompt, check_task_dataset, disable_attention_dropout, env_reward,
                      max_prompt_length, resolve_envs)
 from .config import GiGPOConfig
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
-from .rollout import RolloutCollector, StepRow
+from .dynamic_sampling import DynamicSamplingMixin
+from .generation import GenerationContextMixin
+from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard,
                         shutdown_engine_before_end_training, skip_initial_server_sync, vllm_max_model_len)
@@ -50,7 +49,8 @@ from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate
 logger = logging.getLogger(__name__)
 
 
-class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, GRPOTrainer):
+class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, DynamicSamplingMixin, GenerationContextMixin,
+                   GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -230,7 +230,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, GRPOTra
 
         # GiGPO advantages over whole task groups: gather every rank's row keys, compute, keep the local slice.
         t1 = time.perf_counter()
-        keys = _advantage_keys(rows)
+        keys = advantage_keys(rows)
         all_keys = gather_object(keys) if self.accelerator.num_processes > 1 else keys
         counts = gather_object([len(rows)]) if self.accelerator.num_processes > 1 else [len(rows)]
         start = sum(counts[:rank])
@@ -245,69 +245,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, GRPOTra
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
 
-    def _resample_flat_groups(self, inputs: list[dict], group_ids: list[str], batch):
-        """Dynamic sampling (DAPO, arXiv 2503.14476, Sec. 3.2): a task group whose trajectory returns are all equal
-        carries no episode-level signal; roll out a fresh task in its place, up to ``max_dynamic_sampling_rounds``
-        extra rounds. Unlike DAPO's rule, a group whose step groups still carry a non-zero A_S is kept by default
-        (``dynamic_sampling_keep_step_signal``; see :meth:`_flat_groups`). Every rank takes the same decisions
-        (gathered returns, replacement tasks chosen by a hash of the group id, round and step), so all ranks make
-        the same collect calls. Groups still flat after the last round are kept, counted in
-        ``dynamic_sampling/still_flat_groups`` and warned about once."""
-        dataset = self.train_dataset
-        replaced = 0
-        flat = self._flat_groups(batch)
-        for round_ in range(1, self.args.max_dynamic_sampling_rounds + 1):
-            if not flat:
-                break
-            replaced += len(flat)
-            positions = [i for i, g in enumerate(group_ids) if g in flat]
-            for i in positions:
-                key = f"{group_ids[i]}|{round_}|{self.state.global_step}"
-                inputs[i] = dict(dataset[zlib.crc32(key.encode()) % len(dataset)])
-                group_ids[i] = f"{group_ids[i]}|r{round_}"
-            fresh = self.collector.collect([inputs[i] for i in positions], [group_ids[i] for i in positions],
-                                           trajectory_prefix=(self.accelerator.process_index, round_))
-            dropped = {batch.trajectories[i].trajectory_id for i in positions}
-            batch.rows = [r for r in batch.rows if r.trajectory_id not in dropped] + fresh.rows
-            for n, i in enumerate(positions):
-                batch.trajectories[i] = fresh.trajectories[n]
-            batch.num_generate_calls += fresh.num_generate_calls
-            batch.max_prompt_tokens = max(batch.max_prompt_tokens, fresh.max_prompt_tokens)
-            flat = self._flat_groups(batch)
-        logged = trl_compat.metrics(self, "train")
-        logged["dynamic_sampling/replaced_groups"].append(float(replaced))
-        logged["dynamic_sampling/still_flat_groups"].append(float(len(flat)))
-        if flat and not getattr(self, "_warned_still_flat", False):
-            self._warned_still_flat = True
-            logger.warning(
-                "dynamic sampling: %d task group(s) still have all-equal returns after max_dynamic_sampling_rounds=%d "
-                "extra rounds and are kept (no episode-level signal); the tasks may be too easy or too hard for the "
-                "policy. Raise max_dynamic_sampling_rounds or change the task mix (this warning is shown once; see "
-                "the metric dynamic_sampling/still_flat_groups).", len(flat), self.args.max_dynamic_sampling_rounds,
-            )
-        return batch
-
-    def _flat_groups(self, batch) -> set:
-        """Task groups (all ranks) whose healthy trajectories' returns are all equal; unless
-        ``dynamic_sampling_keep_step_signal`` is off (DAPO's rule) or ω = 0, minus those whose step groups give
-        some row a non-zero A_S (e.g. equal returns reached in different numbers of turns)."""
-        multi = self.accelerator.num_processes > 1
-        local = [(t.group_id, t.episode_return) for t in batch.trajectories if not t.failed]
-        returns: dict[str, set] = {}
-        for group, value in (gather_object(local) if multi else local):
-            returns.setdefault(group, set()).add(round(value, 9))
-        flat = {g for g, values in returns.items() if len(values) == 1}
-        if flat and self.args.dynamic_sampling_keep_step_signal and self.args.step_advantage_weight != 0:
-            keys = _advantage_keys([r for r in batch.rows if r.group_id in flat])
-            keys = gather_object(keys) if multi else keys
-            if keys:  # the same estimator settings as the training advantages, so A_S is the one trained on
-                groups = [key[0] for key in keys]
-                A_S = self._advantages(keys).step_advantages
-                flat -= {g for g, a in zip(groups, np.abs(A_S)) if a > 1e-9}
-        return flat
-
     def _advantages(self, keys: list[tuple]):
-        """:func:`compute_gigpo_advantages` over rows given as :func:`_advantage_keys` tuples (all ranks' rows, in
+        """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples (all ranks' rows, in
         order), with this config's estimator settings."""
         groups, trajs, anchors, rewards, valid, histories = zip(*keys)
         return compute_gigpo_advantages(
@@ -408,29 +347,6 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, GRPOTra
                 self._record_sampling_metrics(mode, out["old_per_token_logps"], sampling, ratio, completion_mask)
         return out
 
-    @contextlib.contextmanager
-    def _generation_params_gathered(self):
-        """ZeRO-3 with transformers generation: gather the sharded parameters once for the whole rollout.
-
-        TRL's ``_generate_single_turn`` enters ``unwrap_model_for_generation`` (a full parameter gather) on every
-        call, i.e. once per turn. Here the same context is entered once around the collect, and
-        ``ds3_gather_for_generation`` is off inside it, so each turn's call takes the already-gathered, hook-free
-        model as it is. No effect with vLLM, without ZeRO-3, or when ``ds3_gather_for_generation`` is already off.
-        """
-        plugin = self.accelerator.state.deepspeed_plugin
-        if self.use_vllm or plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
-            yield
-            return
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=True,
-            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-        ):
-            self.args.ds3_gather_for_generation = False
-            try:
-                yield
-            finally:
-                self.args.ds3_gather_for_generation = True
-
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows
         multi = self.accelerator.num_processes > 1
@@ -470,36 +386,6 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, GRPOTra
             logs["advantages"].extend(gather_object([float(a) for a in advantages]))
 
     # ------------------------------------------------------------------ evaluation
-    @contextlib.contextmanager
-    def _eval_sampling(self):
-        """Sample at ``eval_temperature`` (0 = greedy) with the model in eval mode (dropout off) for the duration of
-        the block; the previous mode and sampling settings come back afterwards, also when the block raises."""
-        temperature = self.args.eval_temperature
-        saved = (self.generation_config.do_sample, self.generation_config.temperature,
-                 dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
-        saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
-        was_training = self.model.training
-        try:
-            self.model.eval()
-            if saved is not None:
-                greedy = temperature == 0.0
-                self.generation_config.do_sample = not greedy
-                self.generation_kwargs["do_sample"] = not greedy
-                if not greedy:
-                    self.generation_config.temperature = temperature
-                    self.generation_kwargs["temperature"] = temperature
-            if self.use_vllm:
-                self.vllm_generation.temperature = temperature
-            yield
-        finally:
-            if saved is not None:
-                self.generation_config.do_sample, self.generation_config.temperature = saved[0], saved[1]
-                self.generation_kwargs.clear()
-                self.generation_kwargs.update(saved[2])
-            if self.use_vllm:
-                self.vllm_generation.temperature = saved_vllm
-            self.model.train(was_training)
-
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Run one episode per eval task at ``eval_temperature``, in eval mode (dropout off), and report success rates.
 
@@ -540,8 +426,3 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, GRPOTra
         Trainer.log(self, metrics)  # not GRPOTrainer.log: that would flush the pending train metrics
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
-
-
-def _advantage_keys(rows: list[StepRow]) -> list[tuple]:
-    """What the advantage estimator reads of each row, small and picklable (gathered across ranks)."""
-    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
