@@ -62,8 +62,8 @@ OVERRIDDEN_HOOKS = (
 def generate_single_turn(trainer, prompt_ids: list[list[int]]):
     """One generate call through TRL's dispatch (vLLM server/colocate, continuous batching or ``model.generate``,
     weight sync to vLLM once per global step). Relies on ``_generate_single_turn(prompt_ids, images,
-    multimodal_fields, num_generations)`` returning ``(prompt_ids, completion_ids, logprobs, extra_fields)``-like
-    tuples as TRL 1.16 does; ``num_generations=1`` because every prompt of a turn is distinct."""
+    multimodal_fields, num_generations)`` returning ``(completion_ids, logprobs or None)`` (lists per prompt; vLLM's
+    sampled-token log-probs); ``num_generations=1`` because every prompt of a turn is distinct."""
     return trainer._generate_single_turn(prompt_ids, None, {}, 1)
 
 

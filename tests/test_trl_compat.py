@@ -1,0 +1,408 @@
+"""Contract tests of the private names of TRL, transformers, accelerate and argparse that GiGPO relies on.
+
+One test per name in :mod:`gigpo_trl.trl_compat`'s table (signature, return shape or behaviour). Each failure names
+the private name and the installed TRL version, so an upgrade that breaks one says which and where to look. The
+last test checks that no other module of the package touches a private attribute of those libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import inspect
+import math
+import re
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+import trl
+from accelerate.state import GradientState
+from toy_env import NoisyCorridorEnv
+from test_trainer import make_args
+from transformers import Trainer
+from trl import GRPOTrainer
+
+from gigpo_trl import GiGPOTrainer, trl_compat
+from gigpo_trl.config import BUDGET_LOSS_TYPES
+from gigpo_trl.microbatch import take_rows
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gigpo_trl"
+
+
+@contextlib.contextmanager
+def contract(name: str):
+    """Re-raise any failure inside as one naming the private ``name`` and the installed versions."""
+    try:
+        yield
+    except Exception as exc:  # an AttributeError / TypeError is as much a broken contract as a wrong value
+        pytest.fail(f"TRL {trl.__version__} (transformers {transformers.__version__}): the private name {name} no "
+                    f"longer behaves as gigpo_trl.trl_compat relies on: {type(exc).__name__}: {exc}", pytrace=True)
+
+
+def params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def source(fn) -> str:
+    return inspect.getsource(fn)
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    args = make_args(tmp_path_factory.mktemp("compat"), steps_per_generation=2, max_tokens_per_microbatch=None)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; these tests call TRL directly
+    return trainer
+
+
+# ---------------------------------------------------------------------------------------------- hooks
+def test_generate_and_score_hook():
+    with contract("GRPOTrainer._generate_and_score_completions"):
+        assert params(GRPOTrainer._generate_and_score_completions) == ["self", "inputs"]
+        assert "self._generate_and_score_completions(generation_batch)" in source(GRPOTrainer._prepare_inputs)
+        assert params(GiGPOTrainer._generate_and_score_completions) == ["self", "inputs"]
+
+
+def test_signature_columns_hook(trainer):
+    with contract("GRPOTrainer._set_signature_columns_if_needed / _signature_columns"):
+        assert "self._set_signature_columns_if_needed()" in source(Trainer._remove_unused_columns)
+        assert "self._signature_columns" in source(Trainer._remove_unused_columns)
+        trainer._signature_columns = None
+        trainer._set_signature_columns_if_needed()
+        assert trainer._signature_columns == ["task", "seed", "task_type", "env", "prompt"]
+
+
+@pytest.mark.parametrize("hook, caller, call", [
+    ("_save_checkpoint", Trainer._maybe_log_save_evaluate, "self._save_checkpoint("),
+    ("_save", Trainer.save_model, "self._save("),
+    ("_push_from_checkpoint", Trainer._save_checkpoint, "self._push_from_checkpoint("),
+    ("_load_optimizer_and_scheduler", Trainer._inner_training_loop, "self._load_optimizer_and_scheduler("),
+])
+def test_checkpoint_hooks(hook, caller, call):
+    assert hook in trl_compat.OVERRIDDEN_HOOKS
+    with contract(f"Trainer.{hook}"):
+        assert call in source(caller), f"{caller.__qualname__} no longer calls {call}"
+        assert params(getattr(GRPOTrainer, hook)) == params(getattr(GiGPOTrainer, hook))
+    if hook == "_save":  # the token scrub relies on _save being where the config file is written
+        with contract("Trainer._save writes training_args.bin"):
+            assert "TRAINING_ARGS_NAME" in source(Trainer._save)
+
+
+def test_get_output_dir(trainer):
+    with contract("Trainer._get_output_dir"):
+        assert trl_compat.output_dir(trainer, None) == trainer.args.output_dir
+
+
+def test_rollout_position(trainer):
+    """``_prepare_inputs`` generates when ``_step % generate_every == 0`` (or nothing is buffered), buffers
+    ``steps_per_generation`` slices in ``_buffered_inputs`` and otherwise trains on ``_buffered_inputs[_step % spg]``."""
+    calls = []
+
+    def fake_generate(inputs):
+        calls.append(len(inputs))
+        return {"advantages": torch.arange(4.0), "num_items_in_batch": torch.tensor(8)}
+
+    saved = trl_compat.rollout_position(trainer)
+    trainer._generate_and_score_completions = fake_generate
+    trainer.model.train()
+    with contract("GRPOTrainer._step / _buffered_inputs"):
+        try:
+            trl_compat.set_rollout_position(trainer, 0, None)
+            first = GRPOTrainer._prepare_inputs(trainer, [{"task": 1}] * 4)
+            step, buffered = trl_compat.rollout_position(trainer)
+            assert calls == [4] and step == 0 and len(buffered) == 2
+            assert first is buffered[0] and sorted(first["advantages"].tolist() + buffered[1]["advantages"].tolist()) \
+                == [0.0, 1.0, 2.0, 3.0]
+            trl_compat.set_rollout_position(trainer, 1, buffered)
+            assert GRPOTrainer._prepare_inputs(trainer, [{"task": 1}] * 4) is buffered[1] and calls == [4]
+            trl_compat.set_rollout_position(trainer, 3, None)  # a resume without a saved buffer: regenerate
+            GRPOTrainer._prepare_inputs(trainer, [{"task": 1}] * 4)
+            assert calls == [4, 4]
+        finally:
+            del trainer._generate_and_score_completions
+            trl_compat.set_rollout_position(trainer, *saved)
+
+
+def test_model_card_class_attributes():
+    from trl.trainer.base_trainer import _BaseTrainer
+
+    with contract("_BaseTrainer._tag_names / _name / _paper"):
+        card = source(_BaseTrainer.create_model_card)
+        assert "self._tag_names" in card and "self._name" in card
+        assert all(f'self._paper.get("{key}")' in card for key in ("citation", "title", "id"))
+        assert set(GiGPOTrainer._paper) == {"title", "id", "citation"} and GiGPOTrainer._paper["id"] == "2505.10978"
+
+
+# ---------------------------------------------------------------------------------------------- calls
+def test_generate_single_turn(trainer, tiny_tokenizer):
+    with contract("GRPOTrainer._generate_single_turn"):
+        assert params(GRPOTrainer._generate_single_turn)[:5] == [
+            "self", "prompt_ids", "images", "multimodal_fields", "num_generations"]
+        prompts = [tiny_tokenizer("move right")["input_ids"], tiny_tokenizer("go left now")["input_ids"]]
+        torch.manual_seed(0)
+        completion_ids, logprobs = trl_compat.generate_single_turn(trainer, prompts)
+        assert len(completion_ids) == 2 and all(isinstance(t, int) for c in completion_ids for t in c)
+        assert all(1 <= len(c) <= trainer.max_completion_length for c in completion_ids)
+        assert logprobs is None  # transformers generation: no sampling log-probs (vLLM gives per-token floats)
+
+
+def test_tokenize_prompts(trainer, tiny_tokenizer):
+    messages = [[{"role": "user", "content": "move right"}], [{"role": "user", "content": "go left"}]]
+    with contract("GRPOTrainer._tokenize_prompts"):
+        ids = trl_compat.tokenize_prompts(trainer, messages)
+        expected = [tiny_tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in messages]
+        expected = [e["input_ids"] if isinstance(e, dict) or hasattr(e, "keys") else e for e in expected]
+        assert [list(map(int, i)) for i in ids] == [list(e) for e in expected]
+
+
+def test_per_token_logps(trainer):
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 250, (3, 9), generator=gen)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0  # a left-padded row
+    with contract("GRPOTrainer._get_per_token_logps_and_entropies"), torch.no_grad():
+        out = trl_compat.per_token_logps(trainer, trainer.model, input_ids, attention_mask, 4, batch_size=2)
+        assert out.shape == (3, 4)
+        logits = trainer.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -5:-1] / trainer.temperature
+        expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, -4:].unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- _compute_loss
+def _loss_types_in_trl() -> set[str]:
+    text = source(GRPOTrainer._compute_loss)
+    text = text[text.index('mode = "train" if self.model.training else "eval"'):]  # the normaliser block
+    names = set(re.findall(r'self\.loss_type == "(\w+)"', text))
+    for group in re.findall(r"self\.loss_type in \[([^\]]*)\]", text):
+        names |= set(re.findall(r'"(\w+)"', group))
+    return names
+
+
+def test_compute_loss_loss_types_known():
+    with contract("GRPOTrainer._compute_loss (loss types)"):
+        assert _loss_types_in_trl() == set(BUDGET_LOSS_TYPES), (
+            "TRL's _compute_loss normalises these loss types; TokenBudgetMixin._sub_batch_scale knows "
+            f"{sorted(BUDGET_LOSS_TYPES)}")
+
+
+@pytest.fixture(scope="module")
+def fixed_batch(trainer):
+    """6 rollout rows of completion lengths 1..5 (+ one of 3) and 2 zero-mask filler rows (``real_row_mask``), with
+    fixed advantages, old log-probs and (through a patched scorer) fixed current log-probs: TRL's loss on it is a
+    pure function of its normaliser."""
+    gen = torch.Generator().manual_seed(1)
+    n, real, width = 8, 6, 5
+    lengths = [1, 2, 3, 4, 5, 3, 0, 0]
+    completion_mask = torch.tensor([[1] * k + [0] * (width - k) for k in lengths])
+    completion_ids = torch.randint(3, 250, (n, width), generator=gen)
+    logps = -torch.rand(n, width, generator=gen)
+    batch = {
+        "prompt_ids": torch.randint(3, 250, (n, 4), generator=gen), "prompt_mask": torch.ones(n, 4, dtype=torch.long),
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.0, -0.5, 2.0, -1.5, 0.7, 0.3, 0.0, 0.0]),
+        "old_per_token_logps": logps + 0.1 * torch.randn(n, width, generator=gen),
+        "num_items_in_batch": completion_mask.sum(),
+        "real_row_mask": torch.tensor([1] * real + [0] * (n - real)),
+    }
+    table = {tuple(r.tolist()): lp for r, lp in zip(completion_ids, logps)}
+
+    def scorer(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        rows = [table[tuple(r.tolist())][:logits_to_keep] for r in input_ids[:, -logits_to_keep:]]
+        out = torch.stack(rows)
+        return out, torch.zeros_like(out), None
+
+    return batch, scorer
+
+
+def _trl_loss(trainer, scorer, inputs, loss_type) -> float:
+    """TRL's own ``compute_loss`` → ``_compute_loss`` on ``inputs`` with the fixed log-probs."""
+    trainer._get_per_token_logps_and_entropies = scorer
+    trainer.loss_type = loss_type
+    trainer.importance_sampling_level = "sequence" if loss_type == "luspo" else "token"
+    try:
+        with torch.no_grad():
+            return float(GRPOTrainer.compute_loss(trainer, trainer.model, inputs))
+    finally:
+        del trainer._get_per_token_logps_and_entropies
+        trainer.loss_type, trainer.importance_sampling_level = "dapo", "token"
+
+
+@pytest.mark.parametrize("loss_type", BUDGET_LOSS_TYPES)
+def test_sub_batch_scale_matches_compute_loss(trainer, fixed_batch, loss_type):
+    """``_sub_batch_scale`` × TRL's loss of a sub-batch, summed over sub-batches (and for the whole batch with its
+    filler rows), equals TRL's loss of the rollout rows alone: the normalisers we mirror are TRL's."""
+    batch, scorer = fixed_batch
+    trainer.model.train()
+    real = [{k: (v[:6] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in batch.items()}][0]
+    real["real_row_mask"] = torch.ones(6, dtype=torch.long)
+    with contract(f"GRPOTrainer._compute_loss normaliser (loss_type={loss_type!r})"):
+        target = _trl_loss(trainer, scorer, real, loss_type)
+        assert target != 0.0
+        whole = _trl_loss(trainer, scorer, batch, loss_type) * trainer._sub_batch_scale(batch, batch)
+        assert whole == pytest.approx(target, rel=1e-5, abs=1e-7)
+        total = 0.0
+        for rows in ([0, 3], [1, 2, 5], [4]):
+            sub = take_rows(batch, rows, 4, 5)
+            total += _trl_loss(trainer, scorer, sub, loss_type) * trainer._sub_batch_scale(sub, batch)
+        assert total == pytest.approx(target, rel=1e-5, abs=1e-7)
+
+
+def test_compute_loss_gathers_per_row():
+    """``TokenBudgetMixin._ragged_gather`` NaN-pads per-row tensors before ``accelerator.gather`` because
+    ``_compute_loss`` gathers per-row clip values and reduces them with nanmin / nanmax."""
+    with contract("GRPOTrainer._compute_loss (gathered clip metrics)"):
+        text = source(GRPOTrainer._compute_loss)
+        assert "self.accelerator.gather(" in text
+        assert "nanmin(" in text and "nanmax(" in text
+
+
+# ---------------------------------------------------------------------------------------------- state
+def test_metrics_and_logs(trainer):
+    with contract("GRPOTrainer._metrics / _logs"):
+        logged = trl_compat.metrics(trainer, "train")
+        logged["contract/x"].append(2.0)
+        logged["contract/x"].append(4.0)
+        trainer.log({"loss": 1.0})
+        assert trainer.state.log_history[-1]["contract/x"] == 3.0  # averaged and flushed by GRPOTrainer.log
+        assert "contract/x" not in trl_compat.metrics(trainer, "train")
+        logs = trl_compat.completion_logs(trainer)
+        assert {"prompt", "completion", "rewards", "advantages"} <= set(logs)
+        assert all(hasattr(logs[k], "extend") for k in ("prompt", "completion", "advantages"))
+        logs["rewards"]["env"].extend([1.0])  # a new reward-function name gets its own buffer
+        logs["rewards"]["env"].clear()
+
+
+def test_tokenizer(trainer, tiny_tokenizer):
+    with contract("GRPOTrainer._tokenizer"):
+        assert trl_compat.tokenizer(trainer) is trainer.processing_class
+        assert trl_compat.tokenizer(trainer).pad_token_id == tiny_tokenizer.pad_token_id
+
+
+def test_last_loaded_step(trainer):
+    with contract("GRPOTrainer._last_loaded_step"):
+        assert "self.state.global_step != self._last_loaded_step" in source(GRPOTrainer._generate_single_turn)
+        trl_compat.mark_weights_loaded(trainer)
+        assert trainer._last_loaded_step == trainer.state.global_step
+
+
+def test_iter_named_params():
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    with contract("VLLMGeneration._iter_named_params"):
+        assert params(VLLMGeneration._iter_named_params) == ["self"]
+        assert "self._iter_named_params()" in source(VLLMGeneration.sync_weights)
+
+
+def test_config_name_or_path(trainer, tiny_model_dir):
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with contract("PretrainedConfig._name_or_path"):
+        assert trl_compat.config_name_or_path(model.config) == tiny_model_dir == model.name_or_path
+        trl_compat.set_config_name_or_path(model.config, "org/name")
+        try:
+            assert model.config.name_or_path == "org/name"
+        finally:
+            trl_compat.set_config_name_or_path(model.config, tiny_model_dir)
+
+
+def test_set_sync_gradients():
+    state = GradientState()
+    before = state.sync_gradients
+    with contract("GradientState._set_sync_gradients"):
+        try:
+            trl_compat.set_sync_gradients(SimpleNamespace(gradient_state=state), False)
+            assert state.sync_gradients is False
+            trl_compat.set_sync_gradients(SimpleNamespace(gradient_state=state), True)
+            assert state.sync_gradients is True
+        finally:
+            state._set_sync_gradients(before)
+
+
+def test_argparse_privates():
+    parser = argparse.ArgumentParser(prog="x")
+    a = parser.add_argument("--alpha", type=int, default=3, help="alpha help")
+    b = parser.add_argument("--beta", type=int, default=4, help="beta help")
+    with contract("argparse ArgumentParser._optionals._group_actions / _option_string_actions / _group_actions"):
+        assert trl_compat.parser_optional_actions(parser)[1:] == [a, b]  # [0] is --help
+        trl_compat.parser_optional_actions(parser)[:] = [x for x in trl_compat.parser_optional_actions(parser)
+                                                          if x.dest == "help"]
+        group = parser.add_argument_group("moved")
+        trl_compat.add_actions_to_group(group, [a, b])
+        text = parser.format_help()
+        assert text.index("moved:") < text.index("--alpha") and "beta help" in text
+        trl_compat.unregister_option_strings(parser, b)
+        assert parser.parse_args([]).beta == 4  # the default still fills the field
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--beta", "5"])
+
+
+# ---------------------------------------------------------------------------------------------- vLLM maths
+def _trl_importance_block() -> str:
+    text = source(GRPOTrainer._generate_and_score_completions)
+    start = text.index("if self.use_vllm and self.vllm_importance_sampling_correction:")
+    end = text.index("# Compute the per-token log probabilities for the reference model", start)
+    return textwrap.dedent(text[start:end].split("\n", 1)[1])  # the body of the if
+
+
+@pytest.mark.parametrize("mode, lo, hi", [
+    ("token_truncate", 0.8, 1.05), ("token_mask", 0.8, 1.2), ("sequence_truncate", 0.7, 3.0),
+    ("sequence_mask", 0.7, 3.0), ("sequence_mask", None, 3.0), ("token_mask", None, None),
+])
+def test_importance_ratio_matches_trl(mode, lo, hi):
+    """Our ``VLLMSamplingMixin._importance_ratio`` against TRL's own lines (cut out of
+    ``_generate_and_score_completions`` and run) on the same log-probs, NaNs and mask included."""
+    gen = torch.Generator().manual_seed(2)
+    old = -torch.rand(4, 6, generator=gen) * 2
+    sampling = old + 0.4 * torch.randn(4, 6, generator=gen)
+    sampling[0, 2] = math.nan
+    sampling[3] = math.nan
+    mask = (torch.rand(4, 6, generator=gen) > 0.3).long()
+    host = SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=lo,
+                           vllm_importance_sampling_clip_max=hi)
+    with contract("GRPOTrainer._generate_and_score_completions (vLLM importance sampling block)"):
+        scope = {"self": host, "completion_mask": mask, "tool_mask": None, "old_per_token_logps": old,
+                 "sampling_per_token_logps": sampling, "torch": torch, "math": math}
+        exec(compile(_trl_importance_block(), "<trl importance sampling>", "exec"), scope)
+        ours = GiGPOTrainer._importance_ratio(host, old, sampling, mask)
+        torch.testing.assert_close(ours, scope["vllm_importance_sampling_ratio"], atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- the boundary
+def _library_private_names() -> set[str]:
+    """Private attribute names of the classes whose internals trl_compat wraps (instances included)."""
+    from accelerate import Accelerator
+    from transformers import PretrainedConfig, PreTrainedModel
+    from trl.generation.vllm_generation import VLLMGeneration
+    from trl.trainer.base_trainer import _BaseTrainer
+
+    names: set[str] = set()
+    for cls in (GRPOTrainer, Trainer, _BaseTrainer, Accelerator, GradientState, PretrainedConfig, PreTrainedModel,
+                VLLMGeneration, argparse.ArgumentParser, argparse._ArgumentGroup):
+        names |= {n for n in dir(cls) if n.startswith("_") and not n.startswith("__")}
+        names |= {n for n in re.findall(r"self\.(_[a-z]\w*)", inspect.getsource(cls))}  # instance attributes
+    return names
+
+
+def test_no_private_library_attribute_outside_compat():
+    """Only trl_compat.py reads, calls or patches a private attribute of TRL / transformers / accelerate / argparse;
+    the others may define the hooks in ``OVERRIDDEN_HOOKS`` and call ``super().<hook>`` inside them."""
+    private = _library_private_names() - set(trl_compat.OVERRIDDEN_HOOKS) - {"_tag_names", "_name", "_paper"}
+    own = set()  # private names the package defines itself (methods, attributes it assigns on its own objects)
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_"):
+                own.add(node.name)
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name == "trl_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private and node.attr not in own:
+                offenders.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not offenders, f"private library attributes outside gigpo_trl/trl_compat.py: {offenders}"
