@@ -40,7 +40,8 @@ class CheckpointMixin:
         falls inside a generation cycle, the buffered generation batch the next steps train on. Without them a
         resumed run would regenerate at once (new samples, a shifted generation cycle) instead of continuing."""
         if not self.args.save_only_model:
-            folder = os.path.join(trl_compat.output_dir(self, trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(trl_compat.output_dir(self, trial), name)
             os.makedirs(folder, exist_ok=True)
             generate_every = self.args.steps_per_generation * self.num_iterations
             step, buffered = trl_compat.rollout_position(self)

@@ -294,6 +294,34 @@ class RolloutCollector:
         if len(tasks) != len(group_ids):
             raise ValueError(f"tasks ({len(tasks)}) and group_ids ({len(group_ids)}) differ in length")
         batch = RolloutBatch()
+        states = self._start_episodes(tasks, group_ids, trajectory_prefix, batch)
+        filler: list[int] | None = None  # a prompt that filler rows repeat (the first real prompt of the batch)
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.max_turns, desc="rollout turns", leave=False)
+        for turn in range(self.max_turns):
+            active, prompts = self._turn_prompts(states, turn)
+            prompt_ids = [ids for _, ids, _ in prompts]
+            if prompt_ids and filler is None:
+                filler = prompt_ids[0]
+            n_global = self.sync_fn(len(active)) if self.sync_fn is not None else len(active)
+            if n_global == 0:
+                break
+            completion_ids, logprobs, texts = self._generate_completions(prompt_ids, len(active), n_global, filler,
+                                                                         batch)
+            pending, actions = self._parse_actions(states, active, prompts, completion_ids, logprobs, texts, batch)
+            self._step_envs(states, active, pending, actions, turn, batch)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return self._close_trajectories(batch)
+
+    def _start_episodes(self, tasks, group_ids, trajectory_prefix, batch: RolloutBatch) -> list[dict]:
+        """One state dict and :class:`TrajectoryRecord` per task row, and every environment reset (one batched call
+        per pool; slot j of pool ``key`` runs the j-th row routed to it). A failed reset fails its trajectory."""
         states: list[dict] = []
         by_key: dict[str, list[int]] = {}
         for i, row in enumerate(tasks):
@@ -305,8 +333,6 @@ class RolloutCollector:
             batch.trajectories.append(record)
             states.append({"key": key, "task": row["task"], "seed": row.get("seed"), "record": record,
                            "history": [], "done": False, "limit": self._turn_limit(key), "context": []})
-
-        # Reset: slot j of pool `key` runs task by_key[key][j].
         for key, idxs in by_key.items():
             results = self._pool(key).reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
             for slot, (i, res) in enumerate(zip(idxs, results)):
@@ -320,85 +346,90 @@ class RolloutCollector:
                 st["admissible"] = res.info.get("admissible_actions")
                 if st["record"].task_type is None and res.info.get("task_type") is not None:
                     st["record"].task_type = res.info["task_type"]
+        return states
 
-        filler: list[int] | None = None
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
+    def _turn_prompts(self, states: list[dict], turn: int) -> tuple[list[int], list[tuple]]:
+        """``(active state indices, [(messages, prompt token ids, None)])`` of this turn's live episodes.
 
-            bar = tqdm(total=self.max_turns, desc="rollout turns", leave=False)
-        for turn in range(self.max_turns):
-            active = [i for i, st in enumerate(states) if not st["done"]]
-            prompts = self._prompts([states[i] for i in active], turn)
-            # A prompt that cannot fit ends its own trajectory as failed (before the per-turn collective, so every
-            # rank still makes the same calls); cutting the observation instead would hide part of the state.
-            for i, (_, _, error) in zip(active, prompts):
-                if error is not None:
-                    self._fail(states[i], error)
-            active, prompts = [i for i in active if not states[i]["done"]], [p for p in prompts if p[2] is None]
-            prompt_ids = [ids for _, ids, _ in prompts]
-            if prompt_ids and filler is None:
-                filler = prompt_ids[0]
-            n_global = self.sync_fn(len(active)) if self.sync_fn is not None else len(active)
-            if n_global == 0:
-                break
-            # Filler prompts keep every rank's generate calls equal in number and size (collectives inside).
-            padded = prompt_ids + [filler or [0]] * (n_global - len(prompt_ids))
-            completion_ids, logprobs = self.generate_fn(padded)
-            batch.num_generate_calls += 1
-            completion_ids = [list(c) for c in completion_ids[: len(active)]]
-            texts = self.decode_fn(completion_ids) if active else []
-            actions: dict[str, dict[int, str]] = {}
-            pending = {}
-            for n, i in enumerate(active):
-                st = states[i]
-                fallback = getattr(self._templates[st["key"]], "invalid_action", None)
-                # No env-specific fallback: the env gets the text's tail, as the GiGPO reference does.
-                parsed = parse_action(texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
-                                      require_think=self.require_think)
-                batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids[n]))
-                pending[i] = (prompts[n][0], prompt_ids[n], completion_ids[n],
-                              logprobs[n] if logprobs is not None else None, texts[n], parsed)
-                actions.setdefault(st["key"], {})[st["slot"]] = parsed.action
-            results = {}
-            for key, slot_actions in actions.items():
-                for slot, res in self._pool(key).step(slot_actions).items():
-                    results[(key, slot)] = res
-            for i in active:
-                st = states[i]
-                messages, p_ids, c_ids, logps, text, parsed = pending[i]
-                res = results[(st["key"], st["slot"])]
-                record = st["record"]
-                if res.error is not None:
-                    self._fail(st, res.error)
-                    continue
-                valid = parsed.valid and res.info.get("action_valid", True) is not False
-                last_turn = turn + 1 >= st["limit"]
-                done = bool(res.done) or last_turn
-                batch.rows.append(StepRow(
-                    prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
-                    trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
-                    reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
-                    completion_text=text, prompt_messages=messages,
-                    history_key=tuple(st["context"][-self.history_key_depth:]) if self.history_key_depth else (),
-                ))
-                record.num_turns += 1
-                record.episode_return += float(res.reward)
-                record.num_invalid += int(not valid)
-                st["history"].append((str(st["observation"]), parsed.action))
-                if self.history_key_depth:
-                    st["context"].append(history_pair_hash(*st["history"][-1]))
-                st["observation"], st["anchor"] = res.observation, res.anchor
-                st["admissible"] = res.info.get("admissible_actions", st["admissible"])
-                if done:
-                    st["done"] = True
-                    record.won = bool(res.info.get("won", res.reward > 0)) if res.done else False
-                    record.truncated = not res.done
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
-        # Failed trajectories keep no rows: their returns are not samples of the task.
+        A prompt that cannot fit ends its own trajectory as failed (before the per-turn collective, so every rank
+        still makes the same calls); cutting the observation instead would hide part of the state."""
+        active = [i for i, st in enumerate(states) if not st["done"]]
+        prompts = self._prompts([states[i] for i in active], turn)
+        for i, (_, _, error) in zip(active, prompts):
+            if error is not None:
+                self._fail(states[i], error)
+        return [i for i in active if not states[i]["done"]], [p for p in prompts if p[2] is None]
+
+    def _generate_completions(self, prompt_ids, n_active: int, n_global: int, filler, batch: RolloutBatch):
+        """One batched generate call of ``n_global`` prompts (the ranks' largest count): this rank's prompts, then
+        filler prompts, which keep every rank's generate calls equal in number and size (collectives inside).
+        Returns ``(completion ids, sampling log-probs or None, decoded texts)`` of this rank's ``n_active`` rows."""
+        padded = prompt_ids + [filler or [0]] * (n_global - len(prompt_ids))
+        completion_ids, logprobs = self.generate_fn(padded)
+        batch.num_generate_calls += 1
+        completion_ids = [list(c) for c in completion_ids[:n_active]]
+        texts = self.decode_fn(completion_ids) if n_active else []
+        return completion_ids, logprobs, texts
+
+    def _parse_actions(self, states, active, prompts, completion_ids, logprobs, texts, batch: RolloutBatch):
+        """Each completion's action (:func:`parse_action`; an unparsable one gets the env's ``invalid_action`` or
+        the text's tail, as the GiGPO reference does). Returns ``(pending, actions)``: per state index its turn's
+        ``(messages, prompt ids, completion ids, log-probs, text, parsed)``, and per pool ``{slot: action}``."""
+        actions: dict[str, dict[int, str]] = {}
+        pending = {}
+        for n, i in enumerate(active):
+            st = states[i]
+            fallback = getattr(self._templates[st["key"]], "invalid_action", None)
+            parsed = parse_action(texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
+                                  require_think=self.require_think)
+            prompt_ids = prompts[n][1]
+            batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids))
+            pending[i] = (prompts[n][0], prompt_ids, completion_ids[n],
+                          logprobs[n] if logprobs is not None else None, texts[n], parsed)
+            actions.setdefault(st["key"], {})[st["slot"]] = parsed.action
+        return pending, actions
+
+    def _step_envs(self, states, active, pending, actions, turn: int, batch: RolloutBatch) -> None:
+        """Step every pool once with its slots' actions, record one :class:`StepRow` per live episode and advance
+        its state (history, observation, anchor); an episode ends on the env's ``done`` or its turn limit (then
+        truncated). An env error fails the trajectory."""
+        results = {}
+        for key, slot_actions in actions.items():
+            for slot, res in self._pool(key).step(slot_actions).items():
+                results[(key, slot)] = res
+        for i in active:
+            st = states[i]
+            messages, p_ids, c_ids, logps, text, parsed = pending[i]
+            res = results[(st["key"], st["slot"])]
+            record = st["record"]
+            if res.error is not None:
+                self._fail(st, res.error)
+                continue
+            valid = parsed.valid and res.info.get("action_valid", True) is not False
+            done = bool(res.done) or turn + 1 >= st["limit"]
+            batch.rows.append(StepRow(
+                prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
+                trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
+                reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
+                completion_text=text, prompt_messages=messages,
+                history_key=tuple(st["context"][-self.history_key_depth:]) if self.history_key_depth else (),
+            ))
+            record.num_turns += 1
+            record.episode_return += float(res.reward)
+            record.num_invalid += int(not valid)
+            st["history"].append((str(st["observation"]), parsed.action))
+            if self.history_key_depth:
+                st["context"].append(history_pair_hash(*st["history"][-1]))
+            st["observation"], st["anchor"] = res.observation, res.anchor
+            st["admissible"] = res.info.get("admissible_actions", st["admissible"])
+            if done:
+                st["done"] = True
+                record.won = bool(res.info.get("won", res.reward > 0)) if res.done else False
+                record.truncated = not res.done
+
+    @staticmethod
+    def _close_trajectories(batch: RolloutBatch) -> RolloutBatch:
+        """Drop the rows of failed trajectories: their returns are not samples of the task."""
         failed = {r.trajectory_id for r in batch.trajectories if r.failed}
         if failed:
             batch.rows = [row for row in batch.rows if row.trajectory_id not in failed]

@@ -121,10 +121,11 @@ class TokenBudgetMixin:
     def _gradient_sync_deferred(self, model):
         """Hold gradient synchronisation for a sub-batch that is not the last of the micro-batch.
 
-        accelerate private state (through :mod:`gigpo_trl.trl_compat`): on the last micro-batch of an accumulation window Trainer sets
-        ``gradient_state.sync_gradients``; accelerate's DeepSpeed backward then sets the accumulation boundary and
-        calls ``engine.step()`` after every backward, and DDP all-reduces after every backward. Clearing the flag
-        and entering ``no_sync`` for the earlier sub-batches makes them plain accumulation micro-steps for both.
+        accelerate private state (through :mod:`gigpo_trl.trl_compat`): on the last micro-batch of an accumulation
+        window Trainer sets ``gradient_state.sync_gradients``; accelerate's DeepSpeed backward then sets the
+        accumulation boundary and calls ``engine.step()`` after every backward, and DDP all-reduces after every
+        backward. Clearing the flag and entering ``no_sync`` for the earlier sub-batches makes them plain
+        accumulation micro-steps for both.
         """
         state = self.accelerator.gradient_state
         if not state.sync_gradients:
@@ -141,10 +142,10 @@ class TokenBudgetMixin:
     def _ragged_gather(self):
         """Let ``accelerator.gather`` take per-row tensors of different lengths on different ranks.
 
-        TRL private behaviour (listed in :mod:`gigpo_trl.trl_compat`): ``_compute_loss`` gathers one value per row for its clip-ratio min/max
-        metrics, which assumes every rank's forward holds the same rows; sub-batches do not. Inside this block,
-        floating-point tensors are NaN-padded to the longest rank first (``pad_across_processes``); TRL reduces
-        them with ``nanmin``/``nanmax``, so the padding is invisible.
+        TRL private behaviour (listed in :mod:`gigpo_trl.trl_compat`): ``_compute_loss`` gathers one value per row
+        for its clip-ratio min/max metrics, which assumes every rank's forward holds the same rows; sub-batches do
+        not. Inside this block, floating-point tensors are NaN-padded to the longest rank first
+        (``pad_across_processes``); TRL reduces them with ``nanmin``/``nanmax``, so the padding is invisible.
         """
         accelerator = self.accelerator
         if accelerator.num_processes == 1 or "gather" in vars(accelerator):
@@ -164,9 +165,10 @@ class TokenBudgetMixin:
             del accelerator.gather
 
     def _merge_sub_batch_metrics(self, mode: str, before: dict[str, int], weights: list[float]) -> None:
-        """TRL's metric lists (``trl_compat.metrics``): ``_compute_loss`` appends one value per call; fold the sub-batches'
-        values into one per micro-batch: ``*_min``/``*_max`` by min/max, the rest (global masked means) weighted
-        by each sub-batch index's global token count, which reproduces the unsplit micro-batch's mean."""
+        """TRL's metric lists (``trl_compat.metrics``): ``_compute_loss`` appends one value per call; fold the
+        sub-batches' values into one per micro-batch: ``*_min``/``*_max`` by min/max, the rest (global masked
+        means) weighted by each sub-batch index's global token count, which reproduces the unsplit micro-batch's
+        mean."""
         k = len(weights)
         if k < 2:
             return

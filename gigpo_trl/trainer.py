@@ -246,8 +246,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         return output
 
     def _advantages(self, keys: list[tuple]):
-        """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples (all ranks' rows, in
-        order), with this config's estimator settings."""
+        """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples
+        (all ranks' rows, in order), with this config's estimator settings."""
         groups, trajs, anchors, rewards, valid, histories = zip(*keys)
         return compute_gigpo_advantages(
             rewards=np.asarray(rewards, dtype=np.float64),
