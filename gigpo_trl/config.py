@@ -24,7 +24,7 @@ def scrubbed_tokens():
 
 ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
-# Loss types whose accumulated sub-batch gradient equals the unsplit one (see GiGPOTrainer._sub_batch_scale).
+# Loss types whose accumulated sub-batch gradient equals the unsplit one (see token_budget.TokenBudgetMixin._sub_batch_scale).
 BUDGET_LOSS_TYPES = ("dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo")
 STEP_GROUPINGS = ("state", "hierarchical")
 

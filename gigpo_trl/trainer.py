@@ -215,8 +215,13 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         return [f"{(offset + i) // self.num_generations}:{x['task']!r}:{x.get('seed')!r}" for i, x in
                 enumerate(inputs)]
 
-    # ------------------------------------------------------------------ the override
+    # ------------------------------------------------------------------ collect → advantages → batch (TRL's hook)
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """TRL's hook (``GRPOTrainer._prepare_inputs``): this rank's task rows (one per episode, each task
+        ``num_generations`` times in a row) → one episode each → A = A_E + ω·A_S per (episode, turn) row, computed
+        over all ranks' rows → TRL's batch dict of N rows (``prompt_ids`` (N, P), ``completion_ids`` (N, C),
+        ``advantages`` (N,), …; N is this rank's row count padded with zero-mask filler rows, see
+        :meth:`_rows_to_batch`)."""
         mode = "train" if self.model.training else "eval"
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
@@ -245,6 +250,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
 
+    # ------------------------------------------------------------------ advantages
     def _advantages(self, keys: list[tuple]):
         """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples
         (all ranks' rows, in order), with this config's estimator settings."""
@@ -266,6 +272,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             history_keys=list(histories),
         )
 
+    # ------------------------------------------------------------------ batch
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of
         steps_per_generation rows (``split_tensor_dict`` drops remainders)."""
@@ -347,6 +354,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
                 self._record_sampling_metrics(mode, out["old_per_token_logps"], sampling, ratio, completion_mask)
         return out
 
+    # ------------------------------------------------------------------ metrics
+    # (loss: TokenBudgetMixin.compute_loss runs TRL's _compute_loss on this batch, in token-budget sub-batches)
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows
         multi = self.accelerator.num_processes > 1

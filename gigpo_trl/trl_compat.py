@@ -26,6 +26,7 @@ private name                                                 use       contract 
 ``GRPOTrainer._tokenize_prompts(prompts)``                   call      ``test_tokenize_prompts``
 ``GRPOTrainer._get_per_token_logps_and_entropies(...)``      call      ``test_per_token_logps``
 ``GRPOTrainer._compute_loss(model, inputs)`` normalisers     mirror    ``test_sub_batch_scale_matches_compute_loss``
+``GRPOTrainer._compute_loss`` loss types                     mirror    ``test_compute_loss_loss_types_known``
 ``GRPOTrainer._compute_loss`` gathers per-row clip values    patch     ``test_compute_loss_gathers_per_row``
 ``GRPOTrainer._metrics``                                     r/w       ``test_metrics_and_logs``
 ``GRPOTrainer._logs``                                        write     ``test_metrics_and_logs``
@@ -39,8 +40,10 @@ private name                                                 use       contract 
 ``_ArgumentGroup._group_actions``                            write     ``test_argparse_privates``
 =========================================================  ========  =============================================
 
-The vLLM importance-sampling maths that ``GRPOTrainer._generate_and_score_completions`` computes inline is
-re-done in :mod:`gigpo_trl.vllm_glue` and pinned to TRL's own code by ``test_importance_ratio_matches_trl``.
+``test_no_private_library_attribute_outside_compat`` checks that no other module of the package names one of these
+(or any other private attribute of those classes). The vLLM importance-sampling maths that
+``GRPOTrainer._generate_and_score_completions`` computes inline is re-done in :mod:`gigpo_trl.vllm_glue` and pinned
+to TRL's own code by ``test_importance_ratio_matches_trl``.
 """
 
 from __future__ import annotations
