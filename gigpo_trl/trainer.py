@@ -197,7 +197,6 @@ class GiGPOTrainer(GRPOTrainer):
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built above; not twice at start-up
-            history_key_depth=args.hierarchy_depth if args.step_grouping == "hierarchical" else 0,
         )
         self._check_first_prompt(train_dataset)
 
@@ -426,7 +425,7 @@ class GiGPOTrainer(GRPOTrainer):
     def _advantages(self, keys: list[tuple]):
         """:func:`compute_gigpo_advantages` over rows given as :func:`_advantage_keys` tuples (all ranks' rows, in
         order), with this config's estimator settings."""
-        groups, trajs, anchors, rewards, valid, histories = zip(*keys)
+        groups, trajs, anchors, rewards, valid, _ = zip(*keys)
         return compute_gigpo_advantages(
             rewards=np.asarray(rewards, dtype=np.float64),
             group_ids=list(groups),
@@ -441,7 +440,8 @@ class GiGPOTrainer(GRPOTrainer):
             similarity_threshold=self.args.anchor_similarity_threshold,
             step_grouping=self.args.step_grouping,
             hierarchy_depth=self.args.hierarchy_depth,
-            history_keys=list(histories),
+            hierarchy_alpha=self.args.hierarchy_alpha,
+            hierarchy_base_group=self.args.hierarchy_base_group,
         )
 
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
