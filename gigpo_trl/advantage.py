@@ -14,12 +14,13 @@ LLM Agent Training* (Feng et al., arXiv 2505.10978), Sec. 3:
 * Sec. 3.3, combined advantage ``A = A_E + omega * A_S`` (``omega = 0`` is
   GRPO's advantage).
 
-Optionally (``step_grouping="hierarchical"``) the step level follows
+Optionally (``step_grouping="hierarchical"``) the advantage is that of
 *Hierarchy-of-Groups Policy Optimization for Long-Horizon Agentic Tasks*
-(HGPO, He, Feng et al., arXiv 2602.22817): each row belongs to nested step
-groups ``G_0 ⊇ G_1 ⊇ … ⊇ G_K`` of rows that also share the last ``k`` turns
-of history, and ``A_S`` is the adaptively weighted mean of the per-level
-relative advantages (see :func:`compute_gigpo_advantages`).
+(HGPO, He, Feng et al., arXiv 2602.22817) as its authors' recipe computes it
+(OliverLeeXZ/SERL ``recipe/hgpo/core_hgpo.py``): rows that share the current
+and the last ``k = 0..K`` anchor states of their trajectory form nested
+groups, and the advantage is the weighted mean of the non-zero per-level
+advantages (see :func:`compute_gigpo_advantages`).
 
 The numerical conventions follow the reference implementation that produced
 the paper's tables (invalid-action penalty, per-row episode statistics,
@@ -41,6 +42,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -52,6 +54,8 @@ __all__ = ["AdvantageResult", "compute_gigpo_advantages"]
 
 #: Added to the standard deviation in ``mean_std_norm`` (as the reference does).
 STD_EPS = 1e-6
+#: Added to the sum of HGPO's item weights (as the authors' recipe does).
+WEIGHT_EPS = 1e-6
 
 _MODES = ("mean_norm", "mean_std_norm")
 _EPISODE_STATS = ("rows", "trajectories")
@@ -75,8 +79,11 @@ class AdvantageResult:
     Attributes
     ----------
     episode_advantages : A_E, episode-level relative advantage (Sec. 3.1).
-    step_advantages : A_S, step-level relative advantage (Sec. 3.2).
-    advantages : ``A_E + omega * A_S`` (Sec. 3.3).
+    step_advantages : A_S, step-level relative advantage (Sec. 3.2); for
+        ``step_grouping="hierarchical"`` HGPO's weighted advantage (equal to
+        ``advantages``).
+    advantages : ``A_E + omega * A_S`` (Sec. 3.3); HGPO's weighted advantage
+        for ``step_grouping="hierarchical"``.
     step_returns : discounted return ``G_t`` of the row (reward units) minus the
         row's invalid-action penalty; the quantity that ``A_S`` normalises.
     anchor_group_ids : step group of the row, labels ``0..K-1``. Two rows
@@ -86,10 +93,13 @@ class AdvantageResult:
         trajectory.
     anchor_group_sizes : number of rows in the row's step group (>= 1).
     level_group_ids : ``(R, K + 1)`` int, column ``k`` the row's HGPO group
-        ``G_k`` (column 0 equals ``anchor_group_ids``); ``K = 0`` for
+        ``G_k`` (context: the current and ``k`` previous anchor states;
+        column 0 equals ``anchor_group_ids``), ``-1`` where the row is at a
+        turn ``t < k`` and has no level ``k``; ``K = 0`` for
         ``step_grouping="state"``. Labels as for ``anchor_group_ids``.
     level_group_sizes : ``(R, K + 1)`` int, number of rows in each ``G_k``
-        (non-increasing along a row: the groups are nested).
+        (non-increasing along a row: the groups are nested), 0 where the row
+        has no level ``k``.
     """
 
     episode_advantages: Any
@@ -422,83 +432,8 @@ def _similar_anchor_codes(anchor_states: Any, group_codes: np.ndarray, threshold
     return roots[pair_of_row]
 
 
-def _history_element_codes(history_keys: Any, depth: int) -> np.ndarray:
-    """``(R, depth)`` codes of the rows' history keys, column ``j - 1`` the ``j``-th most recent one.
-
-    ``history_keys[i]`` is a sequence (tuple, list, 1-D array or tensor) of
-    hashable per-turn keys of row ``i``'s own trajectory, oldest first; only
-    its last ``depth`` entries are read. A row with fewer entries (the first
-    turns of an episode) gets ``-1`` ("before the episode start") in the
-    remaining columns. Keys are matched exactly (see :func:`_anchor_key`).
-    """
-    seqs = _to_numpy(history_keys)
-    if isinstance(seqs, np.ndarray) and seqs.dtype != object and seqs.ndim == 2:  # (R, D): D keys per row
-        tail = seqs[:, max(0, seqs.shape[1] - depth):][:, ::-1]  # most recent first
-        E = np.full((len(seqs), depth), -1, dtype=np.int64)
-        if tail.size:
-            codes, _ = _factorize(np.ascontiguousarray(tail).reshape(-1), "history_keys")
-            E[:, : tail.shape[1]] = codes.reshape(tail.shape)
-        return E
-    rows = seqs.tolist() if isinstance(seqs, np.ndarray) else seqs
-    if set(map(type, rows)) <= {tuple, list}:  # the usual case
-        tails = rows
-    else:
-        tails = []
-        for i, h in enumerate(rows):
-            if isinstance(h, (str, bytes)) or not hasattr(h, "__len__"):
-                raise TypeError(f"history_keys[{i}] must be a sequence of per-turn keys (tuple, list, array), "
-                                f"got {type(h).__name__}")
-            tails.append(tuple(_to_numpy(h).tolist() if isinstance(h, (np.ndarray, torch.Tensor)) else h))
-    lengths = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
-    if len(tails) and int(lengths.max()) > depth:  # keep the last `depth` keys (the trainer records no more)
-        tails = [h[-depth:] for h in tails]
-        np.minimum(lengths, depth, out=lengths)
-    total = int(lengths.sum())
-    types = set(map(type, itertools.chain.from_iterable(tails)))
-    codes = None
-    if types <= {int}:  # e.g. the trainer's 64-bit hashes: one C pass and a sort, no dictionary
-        try:
-            flat = np.fromiter(itertools.chain.from_iterable(tails), dtype=np.int64, count=total)
-            codes = np.unique(flat, return_inverse=True)[1].reshape(-1)
-        except OverflowError:  # ints beyond int64: the general path below
-            pass
-    if codes is None:
-        flat = list(itertools.chain.from_iterable(tails))
-        if not types <= _PLAIN_TYPES:
-            try:
-                flat = list(map(_anchor_key, flat))
-            except TypeError as err:
-                raise TypeError(f"history_keys: {err}") from None
-        codes, _ = _factorize_hashables(flat, "history_keys")
-    # the j-th most recent key of row i sits at flat position end_i - j
-    ends = np.cumsum(lengths)
-    E = np.full((len(tails), depth), -1, dtype=np.int64)
-    for j in range(1, depth + 1):
-        has = lengths >= j
-        E[has, j - 1] = codes[ends[has] - j]
-    return E
-
-
-def _context_level_codes(step_codes: np.ndarray, n_steps: int, history_keys: Any, depth: int) -> list:
-    """Codes of the HGPO groups ``G_0 ⊇ G_1 ⊇ … ⊇ G_depth`` (arXiv 2602.22817, context operator ``C_k``).
-
-    ``G_0`` is the step group; ``G_k`` refines ``G_{k-1}`` by the ``k``-th most
-    recent history key, so ``c_k = code(c_{k-1}, e_k)``: one pairing per level,
-    nested by construction. Returns ``[(codes_k, n_k)]`` for ``k = 0..depth``.
-    """
-    levels = [(step_codes, n_steps)]
-    if depth == 0:
-        return levels
-    E = _history_element_codes(history_keys, depth) + 1  # 0: before the episode start
-    n_keys = int(E.max()) + 1
-    for k in range(1, depth + 1):
-        codes, n = levels[-1]
-        levels.append(_dense_codes(codes * n_keys + E[:, k - 1]))
-    return levels
-
-
 # --------------------------------------------------------------------------
-# step 2: discounted returns
+# step 1b: turn order within a trajectory, and HGPO's history contexts
 # --------------------------------------------------------------------------
 
 
@@ -506,18 +441,13 @@ def _max_code(codes: np.ndarray) -> int:
     return int(codes.max()) if len(codes) else 0
 
 
-def _discounted_returns(rewards: np.ndarray, traj_codes: np.ndarray, gamma: float) -> np.ndarray:
-    """``G_t = r_t + gamma * G_{t+1}``, 0 after each trajectory's last row.
+def _next_rows(traj_codes: np.ndarray) -> np.ndarray:
+    """``(R + 1,)`` int: the next row of each row's trajectory in input (turn) order, ``R`` after its last row.
 
-    Rows of one trajectory are taken in input order (other trajectories may
-    be interleaved). A linear-recurrence scan by pointer jumping: after ``k``
-    rounds ``G[i] = sum_{j < 2^k} gamma^j r_{i+j}``; ``ceil(log2(T_max))``
-    rounds of vector ops, only products of ``gamma <= 1`` (no ``gamma^-t``
-    scaling), so exact to float64 rounding for any ``gamma`` in [0, 1] and any
-    trajectory length. A truncated trajectory is treated as terminal.
+    Index ``R`` is a sentinel pointing at itself. Other trajectories may be interleaved.
     """
-    n = len(rewards)
-    nxt = np.full(n + 1, n, dtype=np.int64)  # index n: sentinel (G = 0, coef = 0)
+    n = len(traj_codes)
+    nxt = np.full(n + 1, n, dtype=np.int64)
     if n > 1 and bool((traj_codes[1:] >= traj_codes[:-1]).all()):  # already grouped: no sort
         same = np.flatnonzero(traj_codes[1:] == traj_codes[:-1])
         nxt[same] = same + 1
@@ -526,6 +456,56 @@ def _discounted_returns(rewards: np.ndarray, traj_codes: np.ndarray, gamma: floa
         order = np.argsort(small, kind="stable")  # radix sort for uint16
         same = traj_codes[order[1:]] == traj_codes[order[:-1]]
         nxt[order[:-1][same]] = order[1:][same]
+    return nxt
+
+
+def _previous_rows(nxt: np.ndarray) -> np.ndarray:
+    """``(R + 1,)`` int: the previous row of each row's trajectory, ``R`` (the sentinel) at its first row."""
+    n = len(nxt) - 1
+    prev = np.full(n + 1, n, dtype=np.int64)
+    linked = np.flatnonzero(nxt[:n] < n)
+    prev[nxt[linked]] = linked
+    return prev
+
+
+def _context_codes(step_codes: np.ndarray, n_steps: int, prev: np.ndarray, depth: int) -> list:
+    """HGPO's history contexts, levels ``k = 0..depth`` (recipe ``recipe/hgpo/core_hgpo.py``, HGPO arXiv 2602.22817).
+
+    The level-``k`` context of a row at turn ``t`` is its task group and the anchor states of turns
+    ``t - k .. t`` of its own trajectory (``k + 1`` observations, no actions); it exists only for ``t >= k``.
+    Built one level at a time, ``c_k = code(c_{k-1}, step code of the row k turns back)``, so the groups nest
+    (``G_0 ⊇ G_1 ⊇ …``) and revisits by one trajectory stay separate members. Returns ``[(codes_k, n_k)]``,
+    ``codes_k`` ``(R,)`` with ``-1`` where the row has no level ``k``; level 0 is GiGPO's step group.
+    """
+    n = len(step_codes)
+    levels = [(step_codes, n_steps)]
+    codes, n_codes, back = step_codes, n_steps, prev[:n]
+    for _ in range(depth):
+        has = back < n  # the row has k earlier turns (and hence a level k - 1 context)
+        new = np.full(n, -1, dtype=np.int64)
+        new[has], n_codes = _dense_codes(codes[has] * n_steps + step_codes[back[has]])
+        levels.append((new, n_codes))
+        codes, back = new, prev[back]
+    return levels
+
+
+# --------------------------------------------------------------------------
+# step 2: returns
+# --------------------------------------------------------------------------
+
+
+def _discounted_returns(rewards: np.ndarray, traj_codes: np.ndarray, gamma: float, nxt: np.ndarray) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}``, 0 after each trajectory's last row.
+
+    ``nxt`` from :func:`_next_rows`. A linear-recurrence scan by pointer
+    jumping: after ``k`` rounds ``G[i] = sum_{j < 2^k} gamma^j r_{i+j}``;
+    ``ceil(log2(T_max))`` rounds of vector ops, only products of
+    ``gamma <= 1`` (no ``gamma^-t`` scaling), so exact to float64 rounding for
+    any ``gamma`` in [0, 1] and any trajectory length. A truncated trajectory
+    is treated as terminal.
+    """
+    n = len(rewards)
+    nxt = nxt.copy()  # the rounds below jump it in place
     G = np.zeros(n + 1)
     G[:n] = rewards
     coef = np.where(nxt < n, gamma, 0.0)  # 0 at the last row and the sentinel
@@ -548,13 +528,15 @@ def _discounted_returns(rewards: np.ndarray, traj_codes: np.ndarray, gamma: floa
 # --------------------------------------------------------------------------
 
 
-def _group_moments(values: np.ndarray, segments: np.ndarray, n_segments: int):
+def _group_moments(values: np.ndarray, segments: np.ndarray, n_segments: int, ddof: int = 1):
     """Shifted moments of ``values`` per segment.
 
     Returns ``(ref, mean_shift, std, count)`` with the segment mean equal to
     ``ref + mean_shift``; ``ref`` is one member's value, so a segment whose
     members are all equal gets ``values - ref == 0`` and ``mean_shift == 0``
-    exactly. ``std`` uses Bessel's correction (0 for a singleton).
+    exactly. ``std`` divides by ``count - ddof``: ``ddof=1`` Bessel's
+    correction (GiGPO, ``torch.std``), ``ddof=0`` the population std (HGPO's
+    levels); 0 for a singleton.
     """
     count = np.bincount(segments, minlength=n_segments)
     ref = np.zeros(n_segments)
@@ -564,7 +546,7 @@ def _group_moments(values: np.ndarray, segments: np.ndarray, n_segments: int):
     dev = np.take(mean_shift, segments)
     np.subtract(shifted, dev, out=dev)
     np.square(dev, out=dev)
-    std = np.sqrt(np.bincount(segments, weights=dev, minlength=n_segments) / np.maximum(count - 1, 1))
+    std = np.sqrt(np.bincount(segments, weights=dev, minlength=n_segments) / np.maximum(count - ddof, 1))
     return ref, mean_shift, std, count
 
 
@@ -600,43 +582,51 @@ def _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj) -> np.ndarr
     return (np.bincount(traj_group, minlength=n_groups) == 1)[group_codes]
 
 
-def _step_advantages(step_scores, step_codes, n_steps, mode):
-    """A_S (Sec. 3.2). A singleton step group gets 0."""
-    ref, mean_shift, std, count = _group_moments(step_scores, step_codes, n_steps)
+def _step_advantages(step_scores, step_codes, n_steps, mode, ddof=1):
+    """A_S (Sec. 3.2) within the groups ``step_codes``; a singleton group gets 0. Returns ``(A_S, count)``."""
+    ref, mean_shift, std, count = _group_moments(step_scores, step_codes, n_steps, ddof)
     A_S = _normalise(step_scores, step_codes, ref, mean_shift, std, mode)
     A_S[count[step_codes] == 1] = 0.0
     return A_S, count
 
 
-def _hierarchical_step_advantages(step_scores, levels, mode, alpha):
-    """A_S over the nested groups ``G_0..G_K`` (HGPO, arXiv 2602.22817).
+def _level_advantages(G: np.ndarray, codes: np.ndarray, n_codes: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """HGPO's per-level advantage ``A_k`` ``(R,)`` and group size ``(R,)`` int; both 0 where the row has no level
+    ``k`` (``codes == -1``). Population std (``ddof=0``) + 1e-6 in ``mean_std_norm``, as the recipe computes it."""
+    if (codes >= 0).all():
+        A_k, count = _step_advantages(G, codes, n_codes, mode, ddof=0)
+        return A_k, count[codes]
+    has = codes >= 0
+    A_k, sizes = np.zeros(len(G)), np.zeros(len(G), dtype=np.int64)
+    A_k[has], count = _step_advantages(G[has], codes[has], n_codes, mode, ddof=0)
+    sizes[has] = count[codes[has]]
+    return A_k, sizes
 
-    ``A_k`` is the step advantage of Sec. 3.2 within ``G_k`` (0 for a
-    singleton); ``A_S = sum_k w_k A_k`` with ``w_k ∝ (k + 1)^alpha`` normalised
-    over the levels whose group holds at least two rows (a row alone in
-    ``G_k`` has no baseline there, and neither at deeper levels). ``K = 0``
-    returns GiGPO's A_S unchanged. Returns ``(A_S, sizes)``, sizes ``(R, K + 1)``.
+
+def _hgpo_advantages(G, A_E, levels, mode, alpha, base_group):
+    """HGPO's advantage ``(R,)`` (recipe ``hgpo_advantage_estimate``) and the level sizes ``(R, K + 1)``.
+
+    Items of a row: ``(A_k, (k + 2)^alpha)`` for each level ``k`` it has (``k + 1`` observations in the context),
+    and with ``base_group`` the episode item ``(A_E, 1)``. Only items with ``A != 0`` (exactly) count:
+    ``A = sum w·A / (sum w + 1e-6)`` over them, 0 when none. A level whose group is a singleton or has equal
+    returns thereby drops out instead of pulling the estimate towards 0.
     """
-    A_0, count = _step_advantages(step_scores, *levels[0], mode)
-    sizes = [count[levels[0][0]]]
-    if len(levels) == 1:
-        return A_0, np.stack(sizes, axis=1)
-    numerator, denominator = np.zeros(len(step_scores)), np.zeros(len(step_scores))
-    for k, (codes, n) in enumerate(levels):
-        if k:
-            A_k, count = _step_advantages(step_scores, codes, n, mode)
-            sizes.append(count[codes])
-        else:
-            A_k = A_0
-        w_k = (k + 1.0) ** alpha * (sizes[k] > 1)
-        numerator += w_k * A_k
-        denominator += w_k
-    A_S = np.divide(numerator, denominator, out=np.zeros(len(step_scores)), where=denominator > 0)
-    return A_S, np.stack(sizes, axis=1)
+    numerator, denominator = np.zeros(len(G)), np.zeros(len(G))
+    items = [(A_E, 1.0)] if base_group else []
+    sizes = []
+    for k, (codes, n_codes) in enumerate(levels):
+        A_k, size_k = _level_advantages(G, codes, n_codes, mode)
+        items.append((A_k, (k + 2.0) ** alpha))
+        sizes.append(size_k)
+    for A_item, weight in items:
+        w = np.where(A_item != 0.0, weight, 0.0)
+        numerator += w * A_item
+        denominator += w
+    return numerator / (denominator + WEIGHT_EPS), np.stack(sizes, axis=1)
 
 
 # --------------------------------------------------------------------------
-# public entry point
+# public entry point: validate -> codes -> R_tau, G -> A_E, A_S -> combine
 # --------------------------------------------------------------------------
 
 
@@ -656,8 +646,9 @@ def compute_gigpo_advantages(
     hierarchy_depth: int = 2,
     history_keys: Any = None,
     hierarchy_alpha: float = 1.0,
+    hierarchy_base_group: bool = False,
 ) -> AdvantageResult:
-    """GiGPO advantages ``A = A_E + omega * A_S`` for ``R`` rows (agent turns).
+    """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's) for ``R`` rows (agent turns).
 
     Parameters
     ----------
@@ -681,10 +672,12 @@ def compute_gigpo_advantages(
     gamma : float in [0, 1]
         Discount of the step return ``G_t``.
     step_advantage_weight : float
-        ``omega``; 0 gives GRPO's advantage.
+        ``omega``; 0 gives GRPO's advantage. Not used by
+        ``step_grouping="hierarchical"`` (a ``UserWarning`` if it is not 1).
     mode : {"mean_norm", "mean_std_norm"}
-        ``x - mean`` or ``(x - mean) / (std + 1e-6)`` (std with Bessel's
-        correction), for both levels.
+        ``x - mean`` or ``(x - mean) / (std + 1e-6)``, for every level. GiGPO's
+        std has Bessel's correction (as ``torch.std``); HGPO's level groups use
+        the population std (``ddof=0``), as its authors' recipe does.
     invalid_action_penalty : float
         Subtracted from an invalid row's episode score and step return.
     episode_stats : {"rows", "trajectories"}
@@ -708,19 +701,22 @@ def compute_gigpo_advantages(
         The pairwise matching loops over task groups in Python.
     step_grouping : {"state", "hierarchical"}
         ``"state"`` (default): GiGPO's step groups (same task group, same
-        anchor state). ``"hierarchical"``: HGPO's nested groups, see Notes.
+        anchor state). ``"hierarchical"``: HGPO's estimator, see Notes.
     hierarchy_depth : int >= 0
-        ``K``, the deepest history level of ``"hierarchical"`` (ignored for
-        ``"state"``). ``K = 0`` is GiGPO exactly.
-    history_keys : (R,) sequences of hashable, optional
-        Required for ``"hierarchical"`` with ``K > 0``: per row, the keys of
-        the previous turns of its own trajectory, oldest first (e.g. a hash
-        of each shown (observation, action) pair); at least the last ``K``
-        of them, or all previous turns where the episode is younger. An
-        ``(R, D)`` array/tensor is read as ``D`` keys per row.
+        ``K`` (the recipe's ``history_length``): the longest context of
+        ``"hierarchical"`` holds the current and ``K`` previous anchor states
+        (ignored for ``"state"``).
+    history_keys : ignored
+        Deprecated (a ``DeprecationWarning`` when given; removed in the next
+        release): HGPO's contexts now come from ``anchor_states`` and the
+        turn order alone.
     hierarchy_alpha : float >= 0
-        ``alpha`` of the level weights ``w_k ∝ (k + 1)^alpha`` (1.0 in the
-        paper's scripts; 0 weighs all levels equally).
+        ``alpha`` of the level weights ``(k + 2)^alpha`` (the recipe's
+        ``length_weight_alpha``, 1.0 in its scripts; 0 weighs every item
+        equally).
+    hierarchy_base_group : bool
+        The recipe's ``base_group``: add ``A_E`` to a row's HGPO items as
+        one more item of weight 1 (default ``False``, as its scripts).
 
     Returns
     -------
@@ -737,34 +733,26 @@ def compute_gigpo_advantages(
       row), minus the row's own penalty; ``A_S`` normalises it over the step
       group (rows of one task group with the same anchor state, Sec. 3.2).
       A singleton step group gets ``A_S = 0``; equal members give exactly 0.
-    * ``step_grouping="hierarchical"`` (HGPO, arXiv 2602.22817):
-      the k-step context operator ``C_k(s_t) = (h_{t-k}, …, h_{t-1}, s_t)``
-      joins the anchor state with the row's last ``k`` history keys ``h``
-      (our trainer: the (observation, action) pairs the prompt shows, which
-      is exactly the prompt's history when ``k <= history_length``). The
-      hierarchical groups ``G_k(i) = {j in task group : C_k(j) = C_k(i)}``
-      are nested, ``G_0 ⊇ G_1 ⊇ … ⊇ G_K``, ``G_0`` being GiGPO's step
-      group. Each level gives ``A_k`` (the A_S formula within ``G_k``) and
-      ``A_S = sum_k w_k A_k`` with ``w_k = (k+1)^alpha / sum_j (j+1)^alpha``
-      (the paper's adaptive weights: finer, more consistent groups weigh
-      more). The paper's own text was not available to us (only summaries
-      quoting ``C_k``, the nested groups and ``w_k``); our choices: (a) the
-      sum over ``j`` runs over the levels where the row's group has at
-      least two members (a singleton level carries no baseline; nesting
-      makes these levels ``0..k*``), a row alone already in ``G_0`` gets
-      ``A_S = 0`` as in GiGPO; (b) at the first turns of an episode
-      (``t < k``) the context is the whole shorter history, so such a row
-      shares ``G_k`` only with rows at the same turn with the same full
-      history (the same prompt); (c) ``A_E`` and ``omega`` stay as in
-      GiGPO, so ``A = A_E + omega * A_S`` (K = 0 reproduces GiGPO bit for
-      bit); (d) per-level statistics as GiGPO's (Bessel-corrected std).
-      The authors' verl-agent recipe (``recipe/hgpo/core_hgpo.py``, as read
-      in a fork) differs: its context is the observation sequence only
-      (no actions); a row with ``t < k`` has no level-``k`` group; levels
-      with ``A_k == 0`` (not only singletons) leave the weights; its level
-      weights are ``(k + 2)^alpha`` in our numbering; population std; and
-      by default no episode term (``base_group=False``).
-      Cost: one pairing of codes per level (``O(R)`` plus a sort).
+    * ``step_grouping="hierarchical"`` is HGPO (He, Feng et al., arXiv
+      2602.22817) as its authors compute it (OliverLeeXZ/SERL,
+      ``recipe/hgpo/core_hgpo.py``, ``hgpo_advantage_estimate``). The
+      level-``k`` context of a row at turn ``t`` is its task group plus the
+      anchor states of turns ``t-k .. t`` of its own trajectory (no
+      actions); it exists only for ``t >= k``, ``k = 0..K`` (level 0 is
+      GiGPO's step group). Rows sharing a level-``k`` context (two or more;
+      revisits count separately) form a group, within which ``A_k``
+      normalises ``G_t`` (population std). A row's items are ``(A_k,
+      (k + 2)^alpha)`` for its levels and, with ``hierarchy_base_group``,
+      ``(A_E, 1)``. Only items with ``A != 0`` count, ``A = sum w A /
+      (sum w + 1e-6)``, 0 when none. That is the final advantage (both
+      ``advantages`` and ``step_advantages``): no ``A_E`` added on top, no
+      ``omega``. ``episode_advantages`` still reports ``A_E``. ``K = 0``
+      without the base item is GiGPO's ``A_S`` (``mean_norm``; times
+      ``2^alpha / (2^alpha + 1e-6)``) alone. Differences from the recipe:
+      float64 instead of float32 (so a group of equal returns gives exactly
+      0 here, where float32 rounding may leave a tiny non-zero item), and
+      the lone-trajectory rule below. Cost: one code pairing and one
+      segment normalisation per level, no per-row Python loop.
     * A task group with ONE trajectory (in training: the other members'
       environments failed and their rows were dropped) gets ``A_E = 0`` and
       ``A_S = 0`` on every row: a population of one carries no relative
@@ -782,16 +770,64 @@ def compute_gigpo_advantages(
         ``step_advantage_weight`` / ``invalid_action_penalty``, unknown
         ``mode`` or ``episode_stats``, ``similarity_threshold`` outside
         (0, 1), non-boolean ``action_valid``, unknown ``step_grouping``,
-        negative ``hierarchy_depth`` or ``hierarchy_alpha``, missing
-        ``history_keys`` (or of the wrong length) for ``"hierarchical"``.
+        negative ``hierarchy_depth`` or ``hierarchy_alpha``.
     TypeError
         Unhashable ``group_ids`` / ``trajectory_ids`` / ``anchor_states``,
         non-str ``anchor_states`` with a ``similarity_threshold``, non-numeric
-        scalar arguments or ``rewards``, non-int ``hierarchy_depth``, a
-        ``history_keys`` entry that is not a sequence (e.g. a ``str``) or
-        holds unhashable keys.
+        scalar arguments or ``rewards``, non-int ``hierarchy_depth``,
+        non-bool ``hierarchy_base_group``.
     """
-    # ---- validation -----------------------------------------------------
+    s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma, step_advantage_weight, mode,
+                  invalid_action_penalty, episode_stats, similarity_threshold, step_grouping, hierarchy_depth,
+                  history_keys, hierarchy_alpha, hierarchy_base_group)
+    if len(s.r) == 0:
+        empty, ids, levels = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, s.depth + 1), dtype=np.int64)
+        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels))
+    c = _row_codes(group_ids, trajectory_ids, anchor_states, s.threshold)  # step 1: codes
+    nxt = _next_rows(c.traj)
+    row_penalty = s.penalty * (~s.valid)  # step 2: R_tau, G
+    R_tau = np.bincount(c.traj, weights=s.r, minlength=c.n_traj)
+    episode_returns = R_tau[c.traj]
+    G = _discounted_returns(s.r, c.traj, s.gamma, nxt) - row_penalty
+    A_E = _episode_advantages(  # step 3: A_E (Sec. 3.1)
+        episode_returns - row_penalty, R_tau, c.group, c.traj, c.n_groups, c.n_traj, s.mode, s.episode_stats
+    )
+    lone = _lone_trajectory_rows(c.group, c.traj, c.n_groups, c.n_traj)
+    A_E[lone] = 0.0  # a population of one: nothing to compare against
+    if s.step_grouping == "state":  # step 4: A_S (Sec. 3.2), step 5: A (Sec. 3.3)
+        A_S, count = _step_advantages(G, c.step, c.n_steps, s.mode)
+        A_S[lone] = 0.0
+        A, level_ids, level_sizes = A_E + s.omega * A_S, c.step[:, None], count[c.step][:, None]
+    else:  # HGPO: the weighted hierarchical step advantage is the final one
+        levels = _context_codes(c.step, c.n_steps, _previous_rows(nxt), s.depth)
+        A_S, level_sizes = _hgpo_advantages(G, A_E, levels, s.mode, s.alpha, s.base_group)
+        A_S[lone] = 0.0
+        A, level_ids = A_S, np.stack([codes for codes, _ in levels], axis=1)
+    return _package(rewards, A_E, A_S, A, G, c.step, episode_returns, level_sizes[:, 0], (level_ids, level_sizes))
+
+
+@dataclass
+class _Settings:
+    """Checked arguments of :func:`compute_gigpo_advantages`."""
+
+    r: np.ndarray
+    valid: np.ndarray
+    gamma: float
+    omega: float
+    penalty: float
+    mode: str
+    episode_stats: str
+    threshold: float | None
+    step_grouping: str
+    depth: int
+    alpha: float
+    base_group: bool
+
+
+def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma, step_advantage_weight, mode,
+              invalid_action_penalty, episode_stats, similarity_threshold, step_grouping, hierarchy_depth,
+              history_keys, hierarchy_alpha, hierarchy_base_group) -> _Settings:
+    """Check every argument (errors name the argument and the value) and convert rewards / validity flags."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if episode_stats not in _EPISODE_STATS:
@@ -810,54 +846,48 @@ def compute_gigpo_advantages(
     if hierarchy_depth < 0:
         raise ValueError(f"hierarchy_depth must be an int >= 0, got {hierarchy_depth!r}")
     alpha = _as_scalar(hierarchy_alpha, "hierarchy_alpha", 0.0)
-    depth = int(hierarchy_depth) if step_grouping == "hierarchical" else 0
+    if not isinstance(hierarchy_base_group, (bool, np.bool_)):
+        raise TypeError(f"hierarchy_base_group must be a bool, got {type(hierarchy_base_group).__name__}")
+    if history_keys is not None:
+        warnings.warn("history_keys is deprecated and ignored (it will be removed in the next release): HGPO's "
+                      "contexts are derived from anchor_states and the turn order", DeprecationWarning, stacklevel=3)
+    hierarchical = step_grouping == "hierarchical"
+    if hierarchical and omega != 1.0:
+        warnings.warn(f"step_advantage_weight={omega} is not used by step_grouping='hierarchical': HGPO's advantage "
+                      "is its weighted step advantage alone (the episode advantage enters only as the "
+                      "hierarchy_base_group item)", UserWarning, stacklevel=3)
     r = _as_rewards(rewards)
     n = len(r)
-    if depth > 0:
-        if history_keys is None:
-            raise ValueError(
-                "history_keys is required when step_grouping='hierarchical' and hierarchy_depth > 0 (the per-turn "
-                "history keys of each row's trajectory, oldest first)"
-            )
-        _check_length(history_keys, "history_keys", n)
     _check_length(group_ids, "group_ids", n)
     _check_length(trajectory_ids, "trajectory_ids", n)
     _check_length(anchor_states, "anchor_states", n)
-    valid = _as_valid(action_valid, n)
+    return _Settings(r, _as_valid(action_valid, n), gamma, omega, penalty, mode, episode_stats, similarity_threshold,
+                     step_grouping, int(hierarchy_depth) if hierarchical else 0, alpha, bool(hierarchy_base_group))
 
-    if n == 0:
-        empty = np.zeros(0)
-        ids = np.zeros(0, dtype=np.int64)
-        levels = np.zeros((0, depth + 1), dtype=np.int64)
-        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels))
 
-    # ---- step 1: codes ----------------------------------------------------
+@dataclass
+class _RowCodes:
+    """Integer codes ``0..n-1`` per row: task group, trajectory (a (group, id) pair), step group (Sec. 3.2)."""
+
+    group: np.ndarray
+    n_groups: int
+    traj: np.ndarray
+    n_traj: int
+    step: np.ndarray
+    n_steps: int
+
+
+def _row_codes(group_ids, trajectory_ids, anchor_states, threshold) -> _RowCodes:
+    """Step 1: codes of task groups, trajectories and anchor states (exact or fuzzy, never across task groups)."""
     group_codes, n_groups = _factorize(group_ids, "group_ids")
     traj_in_group, n_traj_ids = _factorize(trajectory_ids, "trajectory_ids")
     traj_codes, n_traj = _pair_codes(group_codes, traj_in_group, n_traj_ids)
-    if similarity_threshold is None:
+    if threshold is None:
         anchor_codes, n_anchors = _exact_anchor_codes(anchor_states)
-        step_codes, n_steps = _pair_codes(group_codes, anchor_codes, n_anchors)  # never across groups
+        step_codes, n_steps = _pair_codes(group_codes, anchor_codes, n_anchors)
     else:
-        step_codes, n_steps = _dense_codes(_similar_anchor_codes(anchor_states, group_codes, similarity_threshold))
-    levels = _context_level_codes(step_codes, n_steps, history_keys, depth)  # G_0 ⊇ … ⊇ G_K (HGPO)
-
-    # ---- step 2: returns and penalties -----------------------------------
-    row_penalty = penalty * (~valid)
-    R_tau = np.bincount(traj_codes, weights=r, minlength=n_traj)
-    episode_returns = R_tau[traj_codes]
-    G = _discounted_returns(r, traj_codes, gamma) - row_penalty
-
-    # ---- step 3-5: A_E, A_S, A --------------------------------------------
-    A_E = _episode_advantages(
-        episode_returns - row_penalty, R_tau, group_codes, traj_codes, n_groups, n_traj, mode, episode_stats
-    )
-    A_S, level_sizes = _hierarchical_step_advantages(G, levels, mode, alpha)
-    lone = _lone_trajectory_rows(group_codes, traj_codes, n_groups, n_traj)
-    A_E[lone], A_S[lone] = 0.0, 0.0  # a population of one: nothing to compare against
-    A = A_E + omega * A_S
-    level_ids = np.stack([codes for codes, _ in levels], axis=1)
-    return _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, level_sizes[:, 0], (level_ids, level_sizes))
+        step_codes, n_steps = _dense_codes(_similar_anchor_codes(anchor_states, group_codes, threshold))
+    return _RowCodes(group_codes, n_groups, traj_codes, n_traj, step_codes, n_steps)
 
 
 def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels=(None, None)) -> AdvantageResult:

@@ -57,11 +57,19 @@ class GiGPOConfig(GRPOConfig):
             `None` groups rows whose anchor states are identical; a value in (0, 1) merges anchor texts at least
             that similar (see `compute_gigpo_advantages`).
         step_grouping (`str`, *optional*, defaults to `"state"`):
-            Step groups of A_S: `"state"` (GiGPO: same anchor state) or `"hierarchical"` (HGPO, arXiv 2602.22817:
-            nested groups that also share the last k = 1..`hierarchy_depth` turns of history, their advantages
-            combined with weights ∝ (k+1)).
+            Step groups of A_S: `"state"` (GiGPO: same anchor state) or `"hierarchical"` (HGPO, arXiv 2602.22817,
+            as its authors' recipe computes it: nested groups of rows that also share the previous k =
+            1..`hierarchy_depth` anchor states of their trajectory; the advantage is the weighted mean of the
+            non-zero per-level advantages alone, so `step_advantage_weight` does not apply).
         hierarchy_depth (`int`, *optional*, defaults to `2`):
-            K, the deepest history level of `step_grouping="hierarchical"`; `0` is GiGPO. Ignored for `"state"`.
+            K, the most previous anchor states in a context of `step_grouping="hierarchical"` (the recipe's
+            `history_length`). Ignored for `"state"`.
+        hierarchy_alpha (`float`, *optional*, defaults to `1.0`):
+            α of `step_grouping="hierarchical"`: a level whose context holds k + 1 observations weighs (k + 2)^α
+            (the recipe's `length_weight_alpha`); `0.0` weighs all levels equally. Must be >= 0.
+        hierarchy_base_group (`bool`, *optional*, defaults to `False`):
+            With `step_grouping="hierarchical"`, add the episode advantage A_E to each row's levels as one more item
+            of weight 1 (the recipe's `base_group`; its scripts leave it off). It is never added on top.
 
         > Parameters that control the rollout
 
@@ -161,7 +169,18 @@ class GiGPOConfig(GRPOConfig):
     )
     hierarchy_depth: int = field(
         default=2,
-        metadata={"help": "K, the deepest history level of step_grouping='hierarchical'; 0 is GiGPO."},
+        metadata={"help": "K, the most previous anchor states in a context of step_grouping='hierarchical' (the "
+                          "recipe's history_length)."},
+    )
+    hierarchy_alpha: float = field(
+        default=1.0,
+        metadata={"help": "α of step_grouping='hierarchical': a level of k + 1 observations weighs (k + 2)^α; 0.0 "
+                          "weighs all levels equally. Must be >= 0."},
+    )
+    hierarchy_base_group: bool = field(
+        default=False,
+        metadata={"help": "With step_grouping='hierarchical', add A_E as one more item of weight 1 to each row's "
+                          "weighted mean (the recipe's base_group)."},
     )
     # Rollout
     max_turns: int = field(default=50, metadata={"help": "T, the turn limit of an episode."})
@@ -255,6 +274,18 @@ class GiGPOConfig(GRPOConfig):
         depth = self.hierarchy_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
+        alpha = self.hierarchy_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha < float("inf"):
+            raise ValueError(f"hierarchy_alpha must be a finite number >= 0, got {self.hierarchy_alpha!r}")
+        if not isinstance(self.hierarchy_base_group, bool):
+            raise ValueError(f"hierarchy_base_group must be True or False, got {self.hierarchy_base_group!r}")
+        if self.step_grouping == "hierarchical" and self.step_advantage_weight != 1.0:
+            warnings.warn(
+                f"step_advantage_weight={self.step_advantage_weight} is not used by step_grouping='hierarchical': "
+                "HGPO's advantage is its weighted step advantage alone (A_E enters only with hierarchy_base_group)",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
             warnings.warn(
                 f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "

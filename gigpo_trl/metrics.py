@@ -69,14 +69,18 @@ def level_metrics(level_group_ids: np.ndarray, prefix: str = "anchor") -> dict[s
     average over rows) and ``…/singleton_fraction`` (fraction of groups with one row, whose A_k is 0), for
     ``k = 0..K``; level 0 repeats GiGPO's step groups.
 
-    ``level_group_ids``: (R, K + 1) int, column ``k`` the group ``G_k`` of each row.
+    ``level_group_ids``: (R, K + 1) int, column ``k`` the group ``G_k`` of each row, ``-1`` where the row (at a turn
+    ``t < k``) has no level ``k``; such rows are left out of that level's figures (none at all: no entries).
     """
     ids = np.asarray(level_group_ids)
     if ids.size == 0:
         return {}
     out = {}
     for k in range(ids.shape[1]):
-        _, sizes = np.unique(ids[:, k], return_counts=True)
+        column = ids[:, k]
+        _, sizes = np.unique(column[column >= 0], return_counts=True)
+        if sizes.size == 0:
+            continue
         level = f"{prefix}/level_{k}"
         out[f"{level}/num_groups"] = float(sizes.size)
         out[f"{level}/group_size_mean"] = float(sizes.mean())

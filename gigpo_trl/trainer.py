@@ -183,7 +183,6 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built in __init__; not twice at start-up
-            history_key_depth=args.hierarchy_depth if args.step_grouping == "hierarchical" else 0,
         )
 
     def train(self, *args, **kwargs):
@@ -269,7 +268,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             similarity_threshold=self.args.anchor_similarity_threshold,
             step_grouping=self.args.step_grouping,
             hierarchy_depth=self.args.hierarchy_depth,
-            history_keys=list(histories),
+            hierarchy_alpha=self.args.hierarchy_alpha,
+            hierarchy_base_group=self.args.hierarchy_base_group,
         )
 
     # ------------------------------------------------------------------ batch
