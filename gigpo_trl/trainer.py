@@ -31,7 +31,7 @@ from trl.trainer.utils import pad, use_adapter
 
 from .advantage import compute_gigpo_advantages
 from .config import GiGPOConfig, scrubbed_tokens
-from .envs import get_env_class
+from .envs import as_env_factory, get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
@@ -61,7 +61,7 @@ def _resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
         env = get_env_class(env)
     if not callable(env):
         raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
-    return {DEFAULT_ENV_KEY: env}
+    return {DEFAULT_ENV_KEY: as_env_factory(env)}  # TRL / OpenEnv environments get their adapter (envs/adapters.py)
 
 
 def _disable_attention_dropout(model) -> None:
