@@ -185,7 +185,7 @@ class RolloutCollector:
         return key
 
     def _reset_task(self, key: str, row: Mapping) -> Any:
-        """What ``reset`` gets as ``task``: the row's ``task``, or the whole row for an env with ``reset_receives_row``."""
+        """What ``reset`` gets as ``task``: the row's ``task``, or the whole row (env with ``reset_receives_row``)."""
         return dict(row) if getattr(self._templates[key], "reset_receives_row", False) else row["task"]
 
     def _turn_limit(self, key: str) -> int:
@@ -359,7 +359,8 @@ class RolloutCollector:
                 parse_hook = getattr(self._templates[st["key"]], "parse_completion", None)  # e.g. tool calls
                 # No env-specific fallback: the env gets the text's tail, as the GiGPO reference does.
                 parsed = parse_hook(texts[n]) if parse_hook is not None else parse_action(
-                    texts[n], fallback=texts[n][-30:] if fallback is None else fallback, require_think=self.require_think)
+                    texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
+                    require_think=self.require_think)
                 batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids[n]))
                 pending[i] = (prompts[n][0], prompt_ids[n], completion_ids[n],
                               logprobs[n] if logprobs is not None else None, texts[n], parsed)

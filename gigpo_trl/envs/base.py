@@ -164,8 +164,8 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
         inner = getattr(env, "_env", None)  # an adapter names the environment it wraps
         raise ValueError(
             f"{type(inner if inner is not None else env).__name__}.reset({task!r:.100}, seed={seed}) gave different "
-            f"first observations on two calls ({first!r:.80} then {second!r:.80}); a task group must start from the same "
-            "state. Fix: draw all randomness from the seed reset receives (e.g. self.rng = random.Random(seed) in "
+            f"first observations on two calls ({first!r:.80} then {second!r:.80}); a task group must start from the "
+            "same state. Fix: draw all randomness from the seed reset receives (e.g. self.rng = random.Random(seed) in "
             "reset; a TRL environment gets it as reset(..., seed=...) from the row, an OpenEnv environment as "
             "reset(seed=...)), or make reset deterministic"
         )

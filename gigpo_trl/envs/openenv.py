@@ -31,7 +31,7 @@ import typing
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from .base import TextEnv
+from .base import DEFAULT_SYSTEM_PROMPT, TextEnv
 from .trl_tools import accepted_kwargs
 
 _OBSERVATION_FIELDS = {"done", "reward", "metadata"}
@@ -66,6 +66,16 @@ class PydanticActionBuilder:
         self.action_class = action_class
         fields = getattr(action_class, "model_fields", {})
         self.required = [name for name, info in fields.items() if info.is_required()]
+
+    def describe(self) -> str:
+        """One sentence for the system prompt: how to write an action (from the class's JSON schema)."""
+        schema = self.action_class.model_json_schema()
+        fields = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
+        shown = json.dumps(fields, ensure_ascii=False)
+        if len(self.required) == 1:
+            return (f"An action is the value of `{self.required[0]}` as plain text, or a JSON object with these "
+                    f"fields: {shown}")
+        return f"An action is a JSON object with these fields: {shown} (required: {self.required})"
 
     def __call__(self, text: str) -> Any:
         text = text.strip()
@@ -133,8 +143,7 @@ class OpenEnvEnv(TextEnv):
         self.obs_to_text = obs_to_text or observation_text
         self.instruction = instruction
         self.max_turns = max_turns
-        if system_prompt is not None:
-            self.system_prompt = system_prompt
+        self._system_prompt = system_prompt
         if prompt_template is not None:
             self.prompt_template = prompt_template
         self._env = None
@@ -152,6 +161,15 @@ class OpenEnvEnv(TextEnv):
     @property
     def name(self) -> str:  # type: ignore[override]
         return getattr(self.factory, "__name__", "openenv")
+
+    @property
+    def system_prompt(self) -> str:  # type: ignore[override]
+        """``system_prompt`` if given, else the default one plus how to write an action (default builder only)."""
+        if self._system_prompt is not None:
+            return self._system_prompt
+        _ = self.env  # resolves the default action builder
+        describe = getattr(self.action_builder, "describe", None)
+        return DEFAULT_SYSTEM_PROMPT + ("\n" + describe() if callable(describe) else "")
 
     @property
     def env(self) -> Any:
