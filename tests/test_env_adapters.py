@@ -518,3 +518,21 @@ def test_real_openenv_echo_environment_in_process(tmp_path, monkeypatch):
     assert env.step('{"msg": 1}')[2:] == (False, {"action_valid": False})  # extra="forbid": rejected
     check_env(EchoEnvironment)  # deterministic: passes although its reset() takes no seed
     assert isinstance(env, TextEnv)
+
+
+def test_trl_adapter_in_env_worker_processes():
+    """The adapter is its own picklable factory: env workers build their own TRL instances (the wrapped instance of
+    a used adapter stays behind), and the turn limit the collector binds travels with it."""
+    import pickle
+
+    from gigpo_trl.envs.pool import EnvPool
+
+    used = TRLToolEnv(TowerOfHanoi)
+    used.reset({"n_disks": 2}, 0)
+    assert pickle.loads(pickle.dumps(used))._env is None
+    with EnvPool(used.with_turn_limit(1), num_workers=1, step_timeout=60) as pool:
+        (first,) = pool.reset([{"n_disks": 2, "task": "t"}], [0])
+        assert (first.observation, first.anchor, first.error) == ("pegs: [2, 1] [] []", "pegs: [2, 1] [] []", None)
+        result = pool.step({0: '{"name": "move", "arguments": {"src": 0, "dst": 2}}'})[0]
+        # the one allowed turn: truncated, get_reward() = 1 disk of 2 on peg 2
+        assert (result.observation, result.reward, result.done, result.error) == ("pegs: [2] [] [1]", 0.5, False, None)
