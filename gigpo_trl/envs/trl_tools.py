@@ -48,7 +48,7 @@ NON_TOOL_METHODS = ("reset", "get_reward", "anchor_state")
 TOOL_SYSTEM_PROMPT = (
     "You are an agent that acts by calling tools. The tools, as JSON schemas:\n<tools>\n{tools}\n</tools>\n"
     "Each turn, you may first reason inside <think> </think>, then call exactly ONE tool as\n"
-    '<tool_call>{{"name": "<tool name>", "arguments": {{<arguments as a JSON object>}}}}</tool_call>\n'
+    '<tool_call>{"name": "<tool name>", "arguments": {<arguments as a JSON object>}}</tool_call>\n'
     "The tool's result comes back as the next observation. A turn without a tool call ends the episode."
 )
 
@@ -168,7 +168,8 @@ class TRLToolEnv(TextEnv):
         factory (`Callable[[], Any]`): the TRL environment class or zero-argument factory (as passed to TRL's
             ``environment_factory``); called once, lazily, at the first ``reset``.
         max_turns (`int`, *optional*): the environment's own turn limit (the trainer's ``max_turns`` wins when smaller).
-        system_prompt (`str`, *optional*): replaces :data:`TOOL_SYSTEM_PROMPT`; may use ``{tools}``.
+        system_prompt (`str`, *optional*): replaces :data:`TOOL_SYSTEM_PROMPT`; ``{tools}`` in it is replaced by the
+            tools' JSON schemas, one per line (other braces are kept as written).
 
     An instance is also its own factory: calling it returns a fresh adapter with the same settings, so
     ``GiGPOTrainer(env=TRLToolEnv(MyEnv, max_turns=8))`` works (picklable for env workers when ``factory`` is).
@@ -250,7 +251,7 @@ class TRLToolEnv(TextEnv):
     @property
     def system_prompt(self) -> str:  # type: ignore[override]
         template = self._system_prompt or TOOL_SYSTEM_PROMPT
-        return template.format(tools="\n".join(json.dumps(s, ensure_ascii=False) for s in self.tool_schemas))
+        return template.replace("{tools}", "\n".join(json.dumps(s, ensure_ascii=False) for s in self.tool_schemas))
 
     @property
     def name(self) -> str:  # type: ignore[override]
