@@ -17,6 +17,8 @@ _LAZY = {
     "check_env": "gigpo_trl.envs",
     "make_env": "gigpo_trl.envs",
     "TextEnv": "gigpo_trl.envs",
+    "TRLToolEnv": "gigpo_trl.envs",
+    "OpenEnvEnv": "gigpo_trl.envs",
 }
 
 

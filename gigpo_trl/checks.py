@@ -12,7 +12,7 @@ from typing import Any
 import datasets
 
 from .config import GiGPOConfig
-from .envs import get_env_class
+from .envs import as_env_factory, get_env_class
 from .rollout import DEFAULT_ENV_KEY
 
 
@@ -36,7 +36,7 @@ def resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
         env = get_env_class(env)
     if not callable(env):
         raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
-    return {DEFAULT_ENV_KEY: env}
+    return {DEFAULT_ENV_KEY: as_env_factory(env)}  # TRL / OpenEnv environments get their adapter (envs/adapters.py)
 
 
 def disable_attention_dropout(model) -> None:

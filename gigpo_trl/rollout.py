@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envs.base import check_anchor
+from .envs.base import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
 from .parsing import parse_action
 from .prompts import build_messages
@@ -142,7 +143,10 @@ class RolloutCollector:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if history_length < 0:
             raise ValueError(f"history_length must be >= 0, got {history_length}")
-        self.env_factories = dict(env_factories)
+        # A factory that must know the turn limit (a TRL env calls get_reward() at truncation) gets it here.
+        self.env_factories = {name: f.with_turn_limit(max_turns) if hasattr(f, "with_turn_limit") and not
+                              isinstance(f, type) else f for name, f in env_factories.items()}
+        self._anchors_checked = False
         self.generate_fn = generate_fn
         self.tokenize_fn = tokenize_fn
         self.decode_fn = decode_fn
@@ -185,6 +189,10 @@ class RolloutCollector:
         if key not in self.env_factories:
             raise ValueError(f"task row has env={key!r}; expected one of {sorted(self.env_factories)}")
         return key
+
+    def _reset_task(self, key: str, row: Mapping) -> Any:
+        """What ``reset`` gets as ``task``: the row's ``task``, or the whole row (env with ``reset_receives_row``)."""
+        return dict(row) if getattr(self._templates[key], "reset_receives_row", False) else row["task"]
 
     def _turn_limit(self, key: str) -> int:
         env_limit = getattr(self._templates[key], "max_turns", None)
@@ -255,7 +263,7 @@ class RolloutCollector:
         task, seed = task_row["task"], task_row.get("seed")
         where = f"{type(env).__name__} (env {key!r}) on the first training task {task!r}, seed {seed!r}"
         try:
-            out = env.reset(task, seed)
+            out = env.reset(self._reset_task(key, task_row), seed)
         except Exception as exc:
             raise RuntimeError(f"init check: reset of {where} raised {type(exc).__name__}: {exc}") from exc
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
@@ -334,7 +342,8 @@ class RolloutCollector:
             states.append({"key": key, "task": row["task"], "seed": row.get("seed"), "record": record,
                            "history": [], "done": False, "limit": self._turn_limit(key), "context": []})
         for key, idxs in by_key.items():
-            results = self._pool(key).reset([states[i]["task"] for i in idxs], [states[i]["seed"] for i in idxs])
+            results = self._pool(key).reset([self._reset_task(key, tasks[i]) for i in idxs],
+                                            [states[i]["seed"] for i in idxs])
             for slot, (i, res) in enumerate(zip(idxs, results)):
                 st = states[i]
                 st["slot"] = slot
@@ -380,8 +389,10 @@ class RolloutCollector:
         for n, i in enumerate(active):
             st = states[i]
             fallback = getattr(self._templates[st["key"]], "invalid_action", None)
-            parsed = parse_action(texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
-                                  require_think=self.require_think)
+            parse_hook = getattr(self._templates[st["key"]], "parse_completion", None)  # e.g. tool calls
+            parsed = parse_hook(texts[n]) if parse_hook is not None else parse_action(
+                texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
+                require_think=self.require_think)
             prompt_ids = prompts[n][1]
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids))
             pending[i] = (prompts[n][0], prompt_ids, completion_ids[n],
@@ -427,12 +438,16 @@ class RolloutCollector:
                 record.won = bool(res.info.get("won", res.reward > 0)) if res.done else False
                 record.truncated = not res.done
 
-    @staticmethod
-    def _close_trajectories(batch: RolloutBatch) -> RolloutBatch:
-        """Drop the rows of failed trajectories: their returns are not samples of the task."""
+    def _close_trajectories(self, batch: RolloutBatch) -> RolloutBatch:
+        """Drop the rows of failed trajectories: their returns are not samples of the task. On the first batch with
+        rows, warn about anchors that never repeat or transcript-like observations (:func:`anchor_warnings`)."""
         failed = {r.trajectory_id for r in batch.trajectories if r.failed}
         if failed:
             batch.rows = [row for row in batch.rows if row.trajectory_id not in failed]
+        if not self._anchors_checked and batch.rows:  # once: anchors that never repeat, transcript observations
+            self._anchors_checked = True
+            for message in anchor_warnings(batch.rows):
+                warnings.warn(message, UserWarning, stacklevel=3)
         return batch
 
     @staticmethod

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import importlib
 
+from .adapters import as_env_factory, env_kind
 from .base import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_PROMPT, TextEnv, check_env, env_anchor
+from .openenv import OpenEnvEnv
+from .trl_tools import TRLToolEnv
 
 ENV_CLASSES = {
     "webshop": "gigpo_trl.envs.webshop:WebShopEnv",
@@ -36,9 +39,13 @@ __all__ = [
     "DEFAULT_PROMPT_TEMPLATE",
     "DEFAULT_SYSTEM_PROMPT",
     "ENV_CLASSES",
+    "OpenEnvEnv",
+    "TRLToolEnv",
     "TextEnv",
+    "as_env_factory",
     "check_env",
     "env_anchor",
+    "env_kind",
     "get_env_class",
     "make_env",
 ]

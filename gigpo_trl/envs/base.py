@@ -20,6 +20,18 @@ text that differs between identical states (a turn counter, say).
 
 Environments are created by a factory (the class itself or any picklable zero-argument callable), one
 instance per rollout slot, and reused across ``reset`` calls.
+
+Optional hooks the collector uses when an environment (or its class) defines them:
+
+- ``reset_receives_row = True`` (class attribute): ``reset`` gets the whole task row (a dict of the dataset's
+  columns) as ``task`` instead of its ``task`` column, as TRL's ``reset(**row)`` does.
+- ``parse_completion(text) -> gigpo_trl.parsing.ParsedAction``: replaces ``<think>/<action>`` parsing for this env.
+- ``with_turn_limit(max_turns) -> factory`` (on a factory object): the collector hands the factory its turn limit,
+  for an env that must act at the last turn (call ``get_reward()`` at truncation).
+
+Environments written for TRL's ``environment_factory`` or for OpenEnv need none of this: ``env=`` recognises them and
+wraps them (``gigpo_trl/envs/adapters.py``, ``trl_tools.py``, ``openenv.py``). Both may define ``anchor_state()``
+(no arguments) returning a hashable key of the current state; the default key is the observation text.
 """
 
 from __future__ import annotations
@@ -123,10 +135,17 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
     and that ``anchor_state`` is hashable, then takes up to ``num_steps`` steps with the first admissible
     action (or ``env.invalid_action``).
 
+    ``env`` may also be a TRL ``environment_factory`` environment or an OpenEnv ``Environment`` (an instance, a class
+    or a factory): it is wrapped as ``GiGPOTrainer(env=...)`` would wrap it, and its prompt (tool schemas) rendered.
+
     Raises:
         TypeError: a return value has the wrong type (message names the method and the value).
-        ValueError: non-deterministic reset, or a NaN/inf reward.
+        ValueError: non-deterministic reset (an env that ignores its seed), or a NaN/inf reward.
     """
+    from .adapters import as_env
+
+    env = as_env(env)
+    _ = env.system_prompt if hasattr(env, "system_prompt") else None  # builds a tool env's schemas
     if task is None and hasattr(env, "tasks"):
         try:
             row = env.tasks("train")[0]
@@ -138,11 +157,17 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
         raise TypeError(f"{type(env).__name__}.reset must return (observation, info: dict), got {out!r:.200}")
     obs, info = out
     check_anchor(env, obs, "reset")
+    first = env_anchor(env, obs)  # now: an adapter's anchor is the state at the time of the call
     obs2, _ = env.reset(task, seed)
-    if env_anchor(env, obs2) != env_anchor(env, obs):
+    second = env_anchor(env, obs2)
+    if second != first:
+        inner = getattr(env, "_env", None)  # an adapter names the environment it wraps
         raise ValueError(
-            f"{type(env).__name__}.reset({task!r}, seed={seed}) gave different first observations on two calls; "
-            "a task group must start from the same state"
+            f"{type(inner if inner is not None else env).__name__}.reset({task!r:.100}, seed={seed}) gave different "
+            f"first observations on two calls ({first!r:.80} then {second!r:.80}); a task group must start from the "
+            "same state. Fix: draw all randomness from the seed reset receives (e.g. self.rng = random.Random(seed) in "
+            "reset; a TRL environment gets it as reset(..., seed=...) from the row, an OpenEnv environment as "
+            "reset(seed=...)), or make reset deterministic"
         )
     for _ in range(num_steps):
         actions = info.get("admissible_actions") or [getattr(env, "invalid_action", "<invalid>")]
@@ -193,3 +218,45 @@ def check_anchor(env: Any, obs: Any, method: str) -> None:
         raise TypeError(
             f"{type(env).__name__}.anchor_state returned unhashable {type(key).__name__}; return a str/tuple/number"
         ) from None
+
+
+def anchor_warnings(rows: Any) -> list[str]:
+    """Warnings about the anchor states of one rollout (the collector checks its first one), as sentences.
+
+    - the first group's anchors never repeat after turn 0: every step group is a singleton, A_S = 0 and GiGPO reduces
+      to GRPO (a turn counter, a timestamp or a transcript in the observation; define ``anchor_state``);
+    - observations look like a cumulative transcript: in some trajectory every observation (at least three in a row)
+      extends the previous one, so only identical histories would share an anchor.
+
+    ``rows``: records with ``group_id``, ``trajectory_id``, ``turn``, ``anchor_state`` (``StepRow``), any order.
+    """
+    rows = list(rows)
+    if not rows:
+        return []
+    out = []
+    group = [r for r in rows if r.group_id == rows[0].group_id]
+    later = [r for r in group if r.turn > 0]
+    counts: dict = {}
+    for r in group:
+        counts[r.anchor_state] = counts.get(r.anchor_state, 0) + 1
+    if len(later) >= 2 and all(counts[r.anchor_state] == 1 for r in later):
+        out.append(
+            f"the {len(later)} anchor states after turn 0 of the first group ({rows[0].group_id!r:.60}) never repeat: "
+            "every step group is a singleton, so the step advantage A_S is 0 and GiGPO reduces to GRPO. If the "
+            "observation carries a turn counter, a history or other text that differs between equal states, define "
+            "anchor_state() on the environment to return a key of the state itself"
+        )
+    by_trajectory: dict = {}
+    for r in sorted(rows, key=lambda r: r.turn):
+        by_trajectory.setdefault(r.trajectory_id, []).append(r.anchor_state)
+    for anchors in by_trajectory.values():
+        pairs = list(zip(anchors, anchors[1:]))
+        if len(pairs) >= 2 and all(isinstance(a, str) and isinstance(b, str) and a and len(b) > len(a)
+                                   and b.startswith(a) for a, b in pairs):
+            out.append(
+                "the observations look like a cumulative transcript (each one extends the previous one), so only "
+                "identical histories share an anchor state; define anchor_state() on the environment to return the "
+                "current state only (or, for OpenEnv, an obs_to_text that shows it)"
+            )
+            break
+    return out
