@@ -25,7 +25,7 @@ from typing import Any
 
 from .envs.base import check_anchor
 from .envs.pool import EnvPool
-from .parsing import parse_action
+from .parsing import parse_for_env
 from .prompts import build_messages
 
 logger = logging.getLogger(__name__)
@@ -346,10 +346,7 @@ class RolloutCollector:
             pending = {}
             for n, i in enumerate(active):
                 st = states[i]
-                fallback = getattr(self._templates[st["key"]], "invalid_action", None)
-                # No env-specific fallback: the env gets the text's tail, as the GiGPO reference does.
-                parsed = parse_action(texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
-                                      require_think=self.require_think)
+                parsed = parse_for_env(self._templates[st["key"]], texts[n], require_think=self.require_think)
                 batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids[n]))
                 pending[i] = (prompts[n][0], prompt_ids[n], completion_ids[n],
                               logprobs[n] if logprobs is not None else None, texts[n], parsed)
@@ -379,7 +376,7 @@ class RolloutCollector:
                 record.num_turns += 1
                 record.episode_return += float(res.reward)
                 record.num_invalid += int(not valid)
-                st["history"].append((str(st["observation"]), parsed.action))
+                st["history"].append((str(st["observation"]), parsed.history_action))
                 if self.history_key_depth:
                     st["context"].append(history_pair_hash(*st["history"][-1]))
                 st["observation"], st["anchor"] = res.observation, res.anchor
