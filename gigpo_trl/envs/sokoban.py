@@ -187,14 +187,24 @@ def render_level_verl_agent(level: Level) -> str:
     return "\n".join("".join(f" {ch} \t" for ch in row.split(" ")) for row in render_level(level).split("\n"))
 
 
-def paper_eval_seeds(seed: int = 0, num_episodes: int = 128) -> list[int]:
-    """The level seeds of verl-agent's first Sokoban validation (the one before training): its validation envs
-    call ``np.random.seed(seed + 1000)`` and each reset draws ``np.random.randint(2**16, 2**32 - 1,
-    size=num_episodes)`` (``env_package/sokoban/envs.py``). Later rounds share numpy's global generator with the
-    training resets, so only this first draw is reproducible."""
+def paper_eval_seeds(seed: int = 0, num_episodes: int = 128, eval_round: int = 0) -> list[int]:
+    """Level seeds of verl-agent's Sokoban validation: its validation envs call ``np.random.seed(seed + 1000)`` and
+    each validation reset draws ``np.random.randint(2**16, 2**32 - 1, size=num_episodes)``
+    (``env_package/sokoban/envs.py``). Round 0 (the validation before training) is the paper's draw exactly; in the
+    paper later rounds share numpy's global generator with the training resets, so round ``r`` > 0 here is the
+    generator's ``r``-th next draw without those, not the paper's.
+
+    Raises:
+        ValueError: ``num_episodes`` < 1 or ``eval_round`` < 0.
+    """
     import numpy as np
 
-    return [int(x) for x in np.random.RandomState(int(seed) + 1000).randint(2**16, 2**32 - 1, size=num_episodes)]
+    if num_episodes < 1 or eval_round < 0:
+        raise ValueError(f"need num_episodes >= 1 and eval_round >= 0, got {num_episodes} and {eval_round}")
+    rng = np.random.RandomState(int(seed) + 1000)
+    for _ in range(eval_round):
+        rng.randint(2**16, 2**32 - 1, size=num_episodes)
+    return [int(x) for x in rng.randint(2**16, 2**32 - 1, size=num_episodes)]
 
 
 def apply_move(level: Level, move: str) -> Level:
@@ -443,15 +453,11 @@ class SokobanEnv(TextEnv):
         return self.render(), reward, self.done, self._info(truncated=truncated)
 
     def paper_eval_tasks(self, num_episodes: int = 128, seed: int = 0, eval_round: int = 0):
-        """The paper's first validation round as a task dataset: the level ids are :func:`paper_eval_seeds`
-        (our generator builds the level from each). Only ``eval_round=0`` is reproducible (``ValueError``
-        otherwise)."""
+        """The paper's validation episodes as a task dataset whose level ids are :func:`paper_eval_seeds` (our
+        generator builds the level from each id; sample at temperature 0.4 to match the paper)."""
         import datasets
 
-        if eval_round != 0:
-            raise ValueError(f"only the first Sokoban validation round of the paper is reproducible, got "
-                             f"eval_round={eval_round}")
-        ids = paper_eval_seeds(seed, num_episodes)
+        ids = paper_eval_seeds(seed, num_episodes, eval_round)
         return datasets.Dataset.from_dict({"task": ids, "seed": ids, "task_type": [self.task_type] * len(ids)})
 
     def tasks(self, split: str = "train"):
