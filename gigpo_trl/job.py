@@ -406,7 +406,10 @@ def run(job: JobArguments, args, model_args) -> int:
         if job.eval_before:
             evaluate("before")
         trainer.train()
-        evaluate("after", iterations=trainer.state.global_step)
+        # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
+        # micro-steps, an optimizer step gradient_accumulation_steps of them.
+        micro_steps = trainer.state.global_step * args.gradient_accumulation_steps
+        evaluate("after", iterations=-(-micro_steps // (args.steps_per_generation * args.num_iterations)))
         trainer.save_model(args.output_dir)
     results["wall_seconds"] = time.perf_counter() - started
     code = 0
