@@ -193,7 +193,8 @@ def test_alfworld_prompt_turn_3():
 def test_user_templates_verbatim_and_placeholder_error():
     from gigpo_trl.envs.alfworld import ALFWorldEnv
 
-    env = ALFWorldEnv(data_dir="builtin", protocol="verl-agent", first_prompt_template="S0 {observation} [{admissible_actions}]",
+    env = ALFWorldEnv(data_dir="builtin", protocol="verl-agent",
+                      first_prompt_template="S0 {observation} [{admissible_actions}]",
                       prompt_template="T={task} n={step_count} k={history_length} ({history}) now {current_step}: "
                                       "{observation}")
     assert build_messages(env, "t", "o", [], 0, 50, ["a", "b"])[0]["content"] == "S0 o ['a'\n 'b']"

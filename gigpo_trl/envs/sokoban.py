@@ -444,7 +444,8 @@ class SokobanEnv(TextEnv):
         on_before = len(before.boxes & before.targets)
         on_after = len(self.level.boxes & self.level.targets)
         reward = PAPER_STEP_REWARD
-        reward += PAPER_BOX_ON_TARGET * max(0, on_after - on_before) + PAPER_BOX_OFF_TARGET * max(0, on_before - on_after)
+        reward += PAPER_BOX_ON_TARGET * max(0, on_after - on_before)
+        reward += PAPER_BOX_OFF_TARGET * max(0, on_before - on_after)
         if is_solved(self.level):
             self.done = self.won = True
             reward += PAPER_FINISHED
