@@ -222,7 +222,12 @@ def env_factory(job: JobArguments):
 
     cls = get_env_class(job.env)
     kwargs = {"data_dir": job.data_dir} if job.data_dir else {}
-    if job.protocol != "gigpo-trl":  # envs without the paper's protocol refuse the keyword (TypeError)
+    if job.protocol != "gigpo-trl":
+        import inspect
+
+        if "protocol" not in inspect.signature(cls).parameters:
+            raise ValueError(f"--protocol {job.protocol!r}: the {job.env!r} environment has only the 'gigpo-trl' "
+                             "protocol (the paper's code covers alfworld, webshop and sokoban)")
         kwargs["protocol"] = job.protocol
     return functools.partial(cls, **kwargs) if kwargs else cls
 

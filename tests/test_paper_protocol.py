@@ -355,3 +355,14 @@ def test_alfworld_env_under_verl_agent(tmp_path, monkeypatch):
         assert obs.startswith("You arrive at cabinet 1.") and info["action_admissible"] is True
     finally:
         env.close()
+
+
+def test_job_env_factory_passes_the_protocol():
+    from gigpo_trl.envs.sokoban import SokobanEnv
+    from gigpo_trl.job import JobArguments, env_factory
+
+    env = env_factory(JobArguments(env="sokoban", protocol="verl-agent"))()
+    assert isinstance(env, SokobanEnv) and env.protocol == "verl-agent"
+    assert env_factory(JobArguments(env="sokoban")) is SokobanEnv
+    with pytest.raises(ValueError, match="'frozenlake' environment has only the 'gigpo-trl' protocol"):
+        env_factory(JobArguments(env="frozenlake", protocol="verl-agent"))
