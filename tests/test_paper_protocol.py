@@ -237,6 +237,8 @@ def test_sokoban_paper_env_rewards_rendering_and_ids():
     assert reward == pytest.approx(10.9) and done and info["won"]
     with pytest.raises(ValueError, match="action id 0-4, got 7"):
         env.step(7)
+    with pytest.raises(ValueError, match=r"protocol='paper' is not one of \['gigpo-trl', 'verl-agent'\]"):
+        SokobanEnv(protocol="paper")
     # the paper's first validation draw: np.random.seed(0 + 1000); np.random.randint(2**16, 2**32 - 1, size=n)
     assert paper_eval_seeds(0, 3) == [2807211443, 882774615, 494016583]
     assert paper_eval_seeds(0, 2, eval_round=1) != paper_eval_seeds(0, 2)
