@@ -38,6 +38,11 @@ class JobArguments:
         metadata={"help": "Official data of the environment (WebShop json files / ALFWorld data root). None: the "
                           "bundled offline data."},
     )
+    protocol: str = field(
+        default="gigpo-trl",
+        metadata={"help": "Environment protocol: 'gigpo-trl' (this project's) or 'verl-agent' (the GiGPO paper's "
+                          "code; README 'Reproducing the paper')."},
+    )
     num_train_tasks: int | None = field(
         default=None, metadata={"help": "Use only the first N training tasks. None: all of them."}
     )
@@ -198,9 +203,13 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
 def env_factory(job: JobArguments):
     """A picklable zero-argument factory for the job's environment."""
     from .envs import get_env_class
+    from .envs.base import check_protocol
 
     cls = get_env_class(job.env)
-    return functools.partial(cls, data_dir=job.data_dir) if job.data_dir else cls
+    kwargs = {"data_dir": job.data_dir} if job.data_dir else {}
+    if check_protocol(job.protocol) != "gigpo-trl":
+        kwargs["protocol"] = job.protocol
+    return functools.partial(cls, **kwargs) if kwargs else cls
 
 
 def model_card(base_model: str | None, job: JobArguments, args, results: dict, local_name: str | None = None) -> str:
@@ -275,7 +284,8 @@ class _IterationPrinter(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.enabled and logs and "episode/success_rate" in logs:
-            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} "
+            score = f"score {logs['episode/task_score']:.3f} " if "episode/task_score" in logs else ""
+            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} {score}"
                   f"return {logs['episode/return_mean']:.3f} length {logs['episode/length_mean']:.2f} "
                   f"invalid {logs['episode/invalid_action_rate']:.3f} "
                   f"singleton anchors {logs.get('anchor/singleton_fraction', float('nan')):.3f} "
@@ -340,8 +350,9 @@ def run(job: JobArguments, args, model_args) -> int:
         results[when] = metrics
         if main:
             per_type = {k.split("/", 1)[1]: round(v, 3) for k, v in metrics.items() if k.startswith("success_rate/")}
+            score = f"; task score {metrics['task_score']:.3f}" if "task_score" in metrics else ""
             print(f"[gigpo] success rate {when}: {metrics['success_rate']:.3f} over {int(metrics['num_tasks'])} "
-                  f"tasks; per task type: {per_type}", flush=True)
+                  f"tasks{score}; per task type: {per_type}", flush=True)
 
     if job.eval_only:
         evaluate("eval")

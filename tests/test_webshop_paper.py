@@ -408,3 +408,31 @@ def test_task_score_metric():
     assert (m["episode/success_rate"], m["episode/task_score"]) == (0.25, 0.4375)
     assert (m["episode/task_score/a"], m["episode/task_score/b"]) == (0.75, 0.125)
     assert "episode/task_score" not in episode_metrics([rec(True, None, "a")])
+
+
+# ----------------------------------------------------------------------------------------------- the job
+@pytest.mark.slow
+def test_job_protocol_flag_and_eval_json_score(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    from gigpo_trl.job import build_parser, env_factory, run
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    parser = build_parser({"env": "webshop"})
+    out = tmp_path / "job"
+    job, args, model_args = parser.parse_args_and_config(args=[
+        "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--lora_target_modules", "q_proj",
+        "v_proj", "--num_generations", "2", "--per_device_train_batch_size", "2", "--steps_per_generation", "1",
+        "--gradient_accumulation_steps", "1", "--max_steps", "1", "--max_turns", "2", "--max_completion_length",
+        "8", "--eval_max_tasks", "2", "--disable_tqdm", "true", "--eval_before", "false",
+        "--protocol", "verl-agent"])
+    assert isinstance(env_factory(job)(), PaperWebShopEnv)
+    assert run(job, args, model_args) == 0
+    captured = capsys.readouterr().out
+    results = json.loads((out / "eval_results.json").read_text())["after"]
+    # a tiny random model buys nothing in 2 turns: score 0, success 0, and both are logged
+    assert (results["success_rate"], results["task_score"], results["num_tasks"]) == (0.0, 0.0, 2.0)
+    assert (results["task_score/headphones"], results["task_score/t-shirt"]) == (0.0, 0.0)  # eval-0000, eval-0001
+    assert "[gigpo] success rate after: 0.000 over 2 tasks; task score 0.000;" in captured
+    assert "[gigpo] iteration 1: success 0.000 score 0.000 " in captured
+    job.protocol = "paper"
+    with pytest.raises(ValueError, match=r"protocol='paper' is not one of \['gigpo-trl', 'verl-agent'\]"):
+        env_factory(job)
