@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from gigpo_trl.envs import webshop_paper as paper
-from gigpo_trl.envs.base import PROTOCOLS, check_protocol
+from gigpo_trl.envs.base import PROTOCOLS, check_env, check_protocol
 from gigpo_trl.envs.webshop import PaperWebShopEnv, WebShopEnv, load_paper_dir, paper_reward
 from gigpo_trl.metrics import episode_metrics
 from gigpo_trl.rollout import TrajectoryRecord
@@ -375,6 +375,7 @@ def test_not_buying_scores_zero_and_wrong_option(env):
 def test_bundled_catalog_under_verl_agent():
     env = WebShopEnv(protocol="verl-agent")
     assert isinstance(env, PaperWebShopEnv) and env.max_turns == 15
+    check_env(env)
     assert (len(env.store.splits["train"]), len(env.store.splits["eval"])) == (1000, 200)
     obs, info = env.reset("train-0000")
     assert obs == "'Search'" and info["instruction"] == ("i need a large capacity school backpack in navy blue "

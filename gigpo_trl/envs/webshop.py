@@ -1,5 +1,9 @@
 """WebShop (Yao et al., 2022) as a text environment, in the spirit of its "simple" text mode.
 
+This module doc describes ``protocol="gigpo-trl"`` (the default). ``WebShopEnv(protocol="verl-agent")`` returns a
+:class:`PaperWebShopEnv`: the GiGPO paper's goals, reward (:func:`paper_reward`), pages, actions and search, as its
+code runs them (see :mod:`gigpo_trl.envs.webshop_paper` and README "Reproducing the paper").
+
 Pages and actions
 -----------------
 The agent shops on four kinds of pages, rendered as text with ``[SEP]`` separators; every page starts
@@ -1021,7 +1025,8 @@ class PaperWebShopEnv(WebShopEnv):
 
     def _info(self, executed: bool) -> dict:
         admissible = [] if self._done else paper.available_actions(self._page, self._clickables())
-        return {"instruction": self.goal["instruction_text"], "admissible_actions": admissible,
+        # the task text as format_obs finds it on the page: the instruction's text node, stripped
+        return {"instruction": self.goal["instruction_text"].strip(), "admissible_actions": admissible,
                 "task_type": self.goal["task_type"], "goal_id": self.goal["id"], "won": False,
                 "action_valid": True, "action_executed": executed, "task_score": 0.0}
 

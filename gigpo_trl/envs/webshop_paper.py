@@ -24,10 +24,10 @@ Reward (:func:`paper_reward`, WebShop's ``get_reward``)
   title score is |purchased ∩ desired| / len(desired) over the lower-cased NOUN/PROPN tokens of the two ``name``
   fields (0.2 when the desired name has none), tagged by ``nlp`` (spaCy ``en_core_web_sm`` in verl-agent's copy).
 
-``token_set_ratio`` is thefuzz 0.22's: ``int(round(rapidfuzz.fuzz.token_set_ratio(p(s1), p(s2))))`` with
-``p(s) = rapidfuzz.utils.default_process(str(s)`` without code points 128-255``)`` and 0 for None — thefuzz is that
-wrapper, so rapidfuzz (a core dependency) gives the same integers and thefuzz is not needed (tests compare both
-when thefuzz is installed).
+``token_set_ratio`` is thefuzz 0.22's: ``int(round(rapidfuzz.fuzz.token_set_ratio(p(s1), p(s2))))`` where ``p``
+drops the code points 128-255 of ``str(s)`` and applies ``rapidfuzz.utils.default_process``; 0 when either is None.
+thefuzz is that wrapper, so rapidfuzz (a core dependency) gives the same integers and thefuzz is not needed (the
+tests compare both when thefuzz is installed).
 
 Goals (:func:`synthetic_goals`, ``get_synthetic_goals``; ``human_goals=False`` as in verl-agent's config)
 -------------------------------------------------------------------------------------------------------
