@@ -219,10 +219,11 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
 def env_factory(job: JobArguments):
     """A picklable zero-argument factory for the job's environment."""
     from .envs import get_env_class
+    from .envs.base import check_protocol
 
     cls = get_env_class(job.env)
     kwargs = {"data_dir": job.data_dir} if job.data_dir else {}
-    if job.protocol != "gigpo-trl":
+    if check_protocol(job.protocol) != "gigpo-trl":
         import inspect
 
         if "protocol" not in inspect.signature(cls).parameters:
@@ -316,7 +317,8 @@ class _IterationPrinter(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.enabled and logs and "episode/success_rate" in logs:
-            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} "
+            score = f"score {logs['episode/task_score']:.3f} " if "episode/task_score" in logs else ""
+            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} {score}"
                   f"return {logs['episode/return_mean']:.3f} length {logs['episode/length_mean']:.2f} "
                   f"invalid {logs['episode/invalid_action_rate']:.3f} "
                   f"singleton anchors {logs.get('anchor/singleton_fraction', float('nan')):.3f} "
@@ -385,8 +387,9 @@ def run(job: JobArguments, args, model_args) -> int:
             per_type = {k.split("/", 1)[1]: round(v, 3) for k, v in metrics.items() if k.startswith("success_rate/")}
             how = (f" (deterministic protocol: every game of the eval split once, temperature {args.eval_temperature})"
                    if paper_eval else "")
+            score = f"; task score {metrics['task_score']:.3f}" if "task_score" in metrics else ""
             print(f"[gigpo] success rate {when}{how}: {metrics['success_rate']:.3f} over "
-                  f"{int(metrics['num_tasks'])} tasks; per task type: {per_type}", flush=True)
+                  f"{int(metrics['num_tasks'])} tasks{score}; per task type: {per_type}", flush=True)
         if paper_eval:  # the paper's protocol too: its episode draw, sampled at its temperature
             eval_round = paper_eval_round(iterations, job.paper_test_freq)
             dataset = probe.paper_eval_tasks(num_episodes=job.paper_eval_episodes, seed=job.paper_eval_seed,

@@ -65,7 +65,8 @@ class StepRow:
 @dataclass
 class TrajectoryRecord:
     """Summary of one episode: ``episode_return`` = R(τ), the sum of its rewards; ``failed`` when its
-    environment broke (``error`` says how); such a trajectory's rows are dropped."""
+    environment broke (``error`` says how); such a trajectory's rows are dropped. ``task_score``: the last
+    ``info["task_score"]`` the environment reported (WebShop's purchase score), None when it reports none."""
 
     trajectory_id: Hashable
     group_id: Hashable
@@ -78,6 +79,7 @@ class TrajectoryRecord:
     truncated: bool = False
     failed: bool = False
     error: str | None = None
+    task_score: float | None = None
 
 
 @dataclass
@@ -376,6 +378,8 @@ class RolloutCollector:
                 record.num_turns += 1
                 record.episode_return += float(res.reward)
                 record.num_invalid += int(not valid)
+                if "task_score" in res.info:
+                    record.task_score = float(res.info["task_score"])
                 st["history"].append((str(st["observation"]), parsed.history_action))
                 if self.history_key_depth:
                     st["context"].append(history_pair_hash(*st["history"][-1]))
