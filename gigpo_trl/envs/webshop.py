@@ -103,6 +103,29 @@ PROMPT_TEMPLATE = (
     "for example <action>search[waterproof hiking boots]</action> or <action>click[buy now]</action>."
 )
 
+# Our wording of the paper's two WebShop templates (same structure as verl-agent prompts/webshop.py: task, steps
+# taken, history block, current step, page, the bracketed admissible list one action a line; placeholders in
+# gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS). Unlike ALFWorld's, the first-step template carries the task: the
+# page text under verl-agent starts after the instruction.
+_VERL_AGENT_ASK = (
+    "The actions you may take now:\n[\n{admissible_actions}\n].\n\n"
+    "Pick your action for this step. First reason step by step about the page and what the task asks for inside "
+    "<think> </think>. Then write one of the admissible actions for this step inside <action> </action>.\n"
+)
+VERL_AGENT_FIRST_TEMPLATE = (
+    "You are a shopping agent on the WebShop online store. Your task is to: {task}.\n"
+    "The page you see now: {observation}.\n" + _VERL_AGENT_ASK
+)
+VERL_AGENT_TEMPLATE = (
+    "You are a shopping agent on the WebShop online store. Your task is to: {task}.\n"
+    "You have taken {step_count} step(s) so far. Your last {history_length} observation(s), each with the action "
+    "you took after it: {history}\n"
+    "This is step {current_step}. The page you see now: {observation}.\n" + _VERL_AGENT_ASK
+)
+#: verl-agent's WebShop prompt limit: past this many characters the prompt with history is replaced by the
+#: first-step template (env_manager.py ``WebshopEnvironmentManager.build_text_obs``).
+VERL_AGENT_MAX_PROMPT_CHARS = 13_000
+
 _STOPWORDS = frozenset(
     "a an the and or of in on at to for with from by is are be it its this that these those i me my we "
     "you your am do does not no as into than then so".split()
@@ -497,6 +520,11 @@ class WebShopEnv(TextEnv):
 
         protocol: ``"gigpo-trl"`` (this module's pages and reward) or ``"verl-agent"`` (the paper's code:
             :class:`PaperWebShopEnv`, which this constructor then returns).
+        prompt_template: the user-message template, verbatim (default: this env's own wording); under
+            ``"gigpo-trl"`` with the placeholders of ``DEFAULT_PROMPT_TEMPLATE``, under ``"verl-agent"`` the
+            later-step template with those of :data:`gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS`.
+        first_prompt_template: ``"verl-agent"`` only: the first-step template (no history); under ``"gigpo-trl"``
+            passing one raises ``ValueError``.
 
     Every step's ``info["task_score"]`` is the WebShop score of the purchase (0.0 until something is bought).
     Instances pickle without their data (the unpickled copy fetches the cached store of the same source).
@@ -514,8 +542,14 @@ class WebShopEnv(TextEnv):
     invalid_action = "<invalid action>"
 
     def __init__(self, data_dir: str | Path | None = None, variant: str = "1000", split: str = "train",
-                 protocol: str = "gigpo-trl"):
+                 protocol: str = "gigpo-trl", prompt_template: str | None = None,
+                 first_prompt_template: str | None = None):
         self.protocol = check_protocol(protocol)
+        if first_prompt_template is not None:
+            raise ValueError("first_prompt_template is a protocol='verl-agent' option (its first-step template); "
+                             f"got it with protocol={protocol!r}")
+        if prompt_template is not None:
+            self.prompt_template = prompt_template
         if data_dir is None:
             data_dir = os.environ.get("WEBSHOP_DATA") or "bundled"
         self._source = (str(data_dir), variant)
@@ -912,13 +946,26 @@ class PaperWebShopEnv(WebShopEnv):
             catalog's lexicon tagger, or spaCy ``en_core_web_sm`` for real data (loaded at construction; ImportError
             with the install command when missing).
         goal_seed: seed of the prices and price caps of the real data's synthetic goals (default 233).
+        prompt_template, first_prompt_template: the later-step and first-step user-message templates, verbatim
+            (placeholders of :data:`gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS`); default: our wording,
+            ``VERL_AGENT_TEMPLATE`` / ``VERL_AGENT_FIRST_TEMPLATE``.
+
+    Prompts (:func:`gigpo_trl.prompts.build_verl_agent_prompt`): one user message; the admissible list one quoted
+    action a line, each followed by a comma (``admissible_style = "webshop"``); a prompt with history longer than
+    ``max_prompt_chars`` (13,000, verl-agent's rule) is replaced by the first-step one.
     """
 
+    admissible_style = "webshop"
+    max_prompt_chars = VERL_AGENT_MAX_PROMPT_CHARS
+
     def __init__(self, data_dir: str | Path | None = None, variant: str = "1000", split: str = "train",
-                 protocol: str = "verl-agent", nlp=None, goal_seed: int = paper.GOAL_SHUFFLE_SEED):
+                 protocol: str = "verl-agent", nlp=None, goal_seed: int = paper.GOAL_SHUFFLE_SEED,
+                 prompt_template: str | None = None, first_prompt_template: str | None = None):
         if check_protocol(protocol) != "verl-agent":
             raise ValueError(f"PaperWebShopEnv runs protocol='verl-agent', got protocol={protocol!r}")
         self.protocol = protocol
+        self.prompt_template = prompt_template or VERL_AGENT_TEMPLATE
+        self.first_prompt_template = first_prompt_template or VERL_AGENT_FIRST_TEMPLATE
         if data_dir is None:
             data_dir = os.environ.get("WEBSHOP_DATA") or "bundled"
         self._source = (str(data_dir), variant, goal_seed)
