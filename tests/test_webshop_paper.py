@@ -34,6 +34,7 @@ class DictTagger:
         return [paper.Token(w, "NOUN" if w.lower() in self.nouns else "ADJ") for w in text.split()]
 
 
+T = "<think>ok</think>"
 NLP = DictTagger({"heel", "pump", "shoes", "boot", "lace", "sock", "bag", "alpha", "shirt", "mug", "tea",
                   "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"})
 CATEGORY = "Clothing, Shoes & Jewelry › Women › Shoes › Pumps"
@@ -397,6 +398,139 @@ def test_protocol_option():
     with pytest.raises(ValueError, match=r"protocol='verl_agent' is not one of \['gigpo-trl', 'verl-agent'\]"):
         WebShopEnv(protocol="verl_agent")
     assert type(WebShopEnv()).__name__ == "WebShopEnv"
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+# verl-agent env_manager.py WebshopEnvironmentManager.build_text_obs: one user message; the first-step template
+# (task, page, admissible list) at step 0; later: steps taken, k shown, history numbered from the episode start with
+# the projected action, current step; the admissible list `'a',\n'b',` between brackets; > 13,000 characters: the
+# first-step template. Our wording (gigpo_trl.envs.webshop.VERL_AGENT_*), the paper's structure.
+MUG_TASK = "a travel mug that keeps hot with size: 8 oz | 227g, and price lower than 50.00 dollars"
+ITEM_PAGE = ("'Back to Search' [SEP] '< Prev' [SEP] 'size' [SEP] '8 oz | 227g' [SEP] 'Travel Mug' [SEP] "
+             "'Price: $10.99 to $15.99' [SEP] 'Rating: N.A.' [SEP] 'Description' [SEP] 'Features' [SEP] "
+             "'Reviews' [SEP] 'Buy Now'")
+ITEM_ACTIONS = ["click[back to search]", "click[< prev]", "click[description]", "click[features]",
+                "click[reviews]", "click[buy now]", "click[8 oz | 227g]"]
+ASK = ("Pick your action for this step. First reason step by step about the page and what the task asks for inside "
+       "<think> </think>. Then write one of the admissible actions for this step inside <action> </action>.\n")
+
+
+def test_webshop_prompt_turn_0(env):
+    from gigpo_trl.prompts import build_messages
+
+    obs, info = env.reset(_mug_goal(env))
+    assert (env.admissible_style, env.max_prompt_chars) == ("webshop", 13000)
+    messages = build_messages(env, info["instruction"], obs, [], turn=0, max_turns=15,
+                              admissible_actions=info["admissible_actions"])
+    assert messages == [{"role": "user", "content": (
+        "You are a shopping agent on the WebShop online store. Your task is to: " + MUG_TASK + ".\n"
+        "The page you see now: 'Search'.\n"
+        "The actions you may take now:\n[\n'search[<your query>]',\n'click[search]',\n].\n\n" + ASK
+    )}]
+
+
+def test_webshop_prompt_turn_3(env):
+    from gigpo_trl.prompts import build_messages
+
+    # steps 1..3 taken (search, open the mug, pick its size); k = 2 shows steps 2 and 3: the page each action was
+    # taken from and the projected (lower-cased) action
+    results = "'Back to Search' [SEP] 'Page 1 (Total results: 1)' [SEP] 'Next >' [SEP] 'B000000003' [SEP] " \
+              "'Travel Mug' [SEP] '$10.99 to $15.99'"
+    history = [(results, "click[b000000003]"), (ITEM_PAGE, "click[8 oz | 227g]")]
+    messages = build_messages(env, MUG_TASK, ITEM_PAGE, history, turn=3, max_turns=15, admissible_actions=ITEM_ACTIONS)
+    assert messages == [{"role": "user", "content": (
+        "You are a shopping agent on the WebShop online store. Your task is to: " + MUG_TASK + ".\n"
+        "You have taken 3 step(s) so far. Your last 2 observation(s), each with the action you took after it: "
+        "[Observation 2: '" + results + "', Action 2: 'click[b000000003]']\n"
+        "[Observation 3: '" + ITEM_PAGE + "', Action 3: 'click[8 oz | 227g]']\n"
+        "This is step 4. The page you see now: " + ITEM_PAGE + ".\n"
+        "The actions you may take now:\n[\n'click[back to search]',\n'click[< prev]',\n'click[description]',\n"
+        "'click[features]',\n'click[reviews]',\n'click[buy now]',\n'click[8 oz | 227g]',\n].\n\n" + ASK
+    )}]
+
+
+def test_webshop_prompt_drops_the_history_past_13000_characters(env):
+    from gigpo_trl.prompts import build_messages
+
+    def prompt(history_obs):
+        return build_messages(env, "t", "'Search'", [(history_obs, "search[x]")], turn=1, max_turns=15,
+                              admissible_actions=["search[<your query>]"])[0]["content"]
+
+    first = build_messages(env, "t", "'Search'", [], turn=0, max_turns=15,
+                           admissible_actions=["search[<your query>]"])[0]["content"]
+    empty = ("You are a shopping agent on the WebShop online store. Your task is to: t.\n"
+             "You have taken 1 step(s) so far. Your last 1 observation(s), each with the action you took after it: "
+             "[Observation 1: '', Action 1: 'search[x]']\n"
+             "This is step 2. The page you see now: 'Search'.\n"
+             "The actions you may take now:\n[\n'search[<your query>]',\n].\n\n" + ASK)
+    assert prompt("") == empty
+    base = len(empty)  # the later-step prompt grows one character per character of history observation
+    at_limit = prompt("x" * (13000 - base))
+    assert len(at_limit) == 13000 and "[Observation 1: 'xxx" in at_limit  # 13,000 characters: history kept
+    assert prompt("x" * (13001 - base)) == first  # one more: the first-step template, no history
+    assert "Observation" not in first and "step(s)" not in first
+    # the limit is the env's: None lifts it
+    env.max_prompt_chars = None
+    assert len(prompt("x" * 20000)) == base + 20000
+
+
+def test_webshop_prompt_templates_verbatim():
+    from gigpo_trl.prompts import build_messages
+
+    env = WebShopEnv(protocol="verl-agent", first_prompt_template="F {task}|{observation}|{admissible_actions}",
+                     prompt_template="L {step_count}/{history_length} {history} @{current_step} {observation}")
+    assert build_messages(env, "t", "o", [], 0, 15, ["a", "b"])[0]["content"] == "F t|o|'a',\n'b',"
+    assert build_messages(env, "t", "o5", [("o4", "x")], 4, 15, ["a"])[0]["content"] == (
+        "L 4/1 [Observation 4: 'o4', Action 4: 'x'] @5 o5")
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.first_prompt_template.startswith("F ") and copy.prompt_template.startswith("L ")
+    ours = WebShopEnv(prompt_template="{instruction}!")
+    assert build_messages(ours, "t", "o", [], 0, 15)[1] == {"role": "user", "content": "t!"}
+    with pytest.raises(ValueError, match="first_prompt_template is a protocol='verl-agent' option"):
+        WebShopEnv(first_prompt_template="F")
+
+
+def test_webshop_rollout_under_verl_agent(data_dir, tiny_tokenizer):
+    """The rollout's prompts, history and validity under verl-agent, with the projection's tail fallback (the last
+    20 lower-cased characters of a completion without action tags) sent to the env and acted on."""
+    from gigpo_trl.rollout import RolloutCollector
+
+    completions = [T + "<action>Search[Travel Mug]</action>", T + "<action>click[B000000003]</action>",
+                   "No tags, so I type: SEARCH[Filler Mug 0]", T + "<action>click[next >]</action>"]
+    assert completions[2].lower()[-20:] == "search[filler mug 0]"
+    texts = iter(completions)
+    policy = lambda ids: ([tiny_tokenizer.encode(next(texts)) for _ in ids], None)  # noqa: E731
+
+    def tok(msgs):
+        return [tiny_tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"] for m in msgs]
+
+    def make():
+        return WebShopEnv(data_dir=str(data_dir), protocol="verl-agent", split="train", nlp=NLP)
+
+    gid = _mug_goal(make())
+    collector = RolloutCollector({"w": make}, generate_fn=policy, tokenize_fn=tok,
+                                 decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True),
+                                 max_turns=4, history_length=2, max_prompt_length=100_000)
+    batch = collector.collect([{"task": gid, "seed": 0}], group_ids=["g"])
+    # the same actions played by hand give the pages the prompts must show
+    ref = make()
+    pages = [ref.reset(gid)[0]] + [ref.step(a)[0] for a in ("search[travel mug]", "click[b000000003]",
+                                                             "search[filler mug 0]")]
+    assert pages[2] == ITEM_PAGE and pages[3].startswith("'Back to Search' [SEP] 'Page 1 (Total results: 13)'")
+    assert [r.action_valid for r in batch.rows] == [True, True, False, True]  # no tags: invalid, yet executed
+    assert [r.reward for r in batch.rows] == [0.0, 0.0, 0.0, 0.0]
+    assert [r.anchor_state for r in batch.rows] == pages  # the raw page each action was taken from
+    assert all(len(r.prompt_messages) == 1 and r.prompt_messages[0]["role"] == "user" for r in batch.rows)
+    last = batch.rows[3].prompt_messages[0]["content"]
+    assert last.startswith("You are a shopping agent on the WebShop online store. Your task is to: " + MUG_TASK +
+                           ".\nYou have taken 3 step(s) so far. Your last 2 observation(s), each with the action "
+                           "you took after it: [Observation 2: '" + pages[1] + "', Action 2: 'click[b000000003]']\n"
+                           "[Observation 3: '" + ITEM_PAGE + "', Action 3: 'search[filler mug 0]']\n"
+                           "This is step 4. The page you see now: " + pages[3] + ".\n")
+    assert batch.rows[0].prompt_messages[0]["content"].startswith(
+        "You are a shopping agent on the WebShop online store. Your task is to: " + MUG_TASK + ".\n"
+        "The page you see now: 'Search'.\n")
 
 
 # ----------------------------------------------------------------------------------------------- metrics
