@@ -49,6 +49,27 @@ class JobArguments:
     eval_json: str | None = field(
         default=None, metadata={"help": "Where to write the evaluation JSON. None: <output_dir>/eval_results.json."}
     )
+    protocol: str = field(
+        default="gigpo-trl",
+        metadata={"help": "Environment protocol: 'verl-agent' reproduces the GiGPO paper's code (projection, prompts, "
+                          "anchors, evaluation); 'gigpo-trl' is this project's own behaviour.",
+                  "choices": ["gigpo-trl", "verl-agent"]},
+    )
+    paper_eval_episodes: int = field(
+        default=128,
+        metadata={"help": "verl-agent protocol: episodes of the paper's evaluation (val_data_size, 128)."},
+    )
+    paper_eval_temperature: float = field(
+        default=0.4, metadata={"help": "verl-agent protocol: sampling temperature of the paper's evaluation (0.4)."}
+    )
+    paper_eval_seed: int = field(
+        default=0, metadata={"help": "verl-agent protocol: the paper's env.seed (0); its eval workers add 1000."}
+    )
+    paper_test_freq: int = field(
+        default=5,
+        metadata={"help": "verl-agent protocol: the paper's trainer.test_freq; the evaluation after N iterations "
+                          "plays the game draw of round ceil(N / test_freq) (round 0 before training)."},
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Write into a --output_dir that already holds files (an earlier run's adapter, card and "
@@ -199,9 +220,18 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
 def env_factory(job: JobArguments):
     """A picklable zero-argument factory for the job's environment."""
     from .envs import get_env_class
+    from .envs.base import check_protocol
 
     cls = get_env_class(job.env)
-    return functools.partial(cls, data_dir=job.data_dir) if job.data_dir else cls
+    kwargs = {"data_dir": job.data_dir} if job.data_dir else {}
+    if check_protocol(job.protocol) != "gigpo-trl":
+        import inspect
+
+        if "protocol" not in inspect.signature(cls).parameters:
+            raise ValueError(f"--protocol {job.protocol!r}: the {job.env!r} environment has only the 'gigpo-trl' "
+                             "protocol (the paper's code covers alfworld, webshop and sokoban)")
+        kwargs["protocol"] = job.protocol
+    return functools.partial(cls, **kwargs) if kwargs else cls
 
 
 def model_card(base_model: str | None, job: JobArguments, args, results: dict, local_name: str | None = None) -> str:
@@ -255,6 +285,18 @@ def check_output_dir(job: JobArguments, args) -> None:
         )
 
 
+def paper_eval_round(iterations: int, test_freq: int = 5) -> int:
+    """Which validation of a verl-agent run follows ``iterations`` training iterations: verl validates before
+    training (round 0), every ``test_freq`` iterations and after the last one, so ``ceil(iterations / test_freq)``.
+
+    Raises:
+        ValueError: ``iterations`` < 0 or ``test_freq`` < 1.
+    """
+    if iterations < 0 or test_freq < 1:
+        raise ValueError(f"need iterations >= 0 and test_freq >= 1, got {iterations} and {test_freq}")
+    return -(-iterations // test_freq)
+
+
 def _strip(metrics: dict, prefix: str) -> dict:
     return {k[len(prefix) + 1:]: v for k, v in metrics.items() if k.startswith(prefix + "_")}
 
@@ -276,7 +318,8 @@ class _IterationPrinter(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.enabled and logs and "episode/success_rate" in logs:
-            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} "
+            score = f"score {logs['episode/task_score']:.3f} " if "episode/task_score" in logs else ""
+            print(f"[gigpo] iteration {state.global_step}: success {logs['episode/success_rate']:.3f} {score}"
                   f"return {logs['episode/return_mean']:.3f} length {logs['episode/length_mean']:.2f} "
                   f"invalid {logs['episode/invalid_action_rate']:.3f} "
                   f"singleton anchors {logs.get('anchor/singleton_fraction', float('nan')):.3f} "
@@ -336,13 +379,35 @@ def run(job: JobArguments, args, model_args) -> int:
     printer.enabled = main
     results: dict = {"model": hub_id or base_model, "env": job.env, "adapter": job.adapter_path}
 
-    def evaluate(when: str) -> None:
+    paper_eval = job.protocol == "verl-agent" and hasattr(probe, "paper_eval_tasks")
+
+    def evaluate(when: str, iterations: int = 0) -> None:
         metrics = _strip(trainer.evaluate(metric_key_prefix=f"eval_{when}"), f"eval_{when}")
         results[when] = metrics
         if main:
             per_type = {k.split("/", 1)[1]: round(v, 3) for k, v in metrics.items() if k.startswith("success_rate/")}
-            print(f"[gigpo] success rate {when}: {metrics['success_rate']:.3f} over {int(metrics['num_tasks'])} "
-                  f"tasks; per task type: {per_type}", flush=True)
+            how = (f" (deterministic protocol: every game of the eval split once, temperature {args.eval_temperature})"
+                   if paper_eval else "")
+            score = f"; task score {metrics['task_score']:.3f}" if "task_score" in metrics else ""
+            print(f"[gigpo] success rate {when}{how}: {metrics['success_rate']:.3f} over "
+                  f"{int(metrics['num_tasks'])} tasks{score}; per task type: {per_type}", flush=True)
+        if paper_eval:  # the paper's protocol too: its episode draw, sampled at its temperature
+            eval_round = paper_eval_round(iterations, job.paper_test_freq)
+            dataset = probe.paper_eval_tasks(num_episodes=job.paper_eval_episodes, seed=job.paper_eval_seed,
+                                             eval_round=eval_round)
+            saved = args.eval_temperature, args.eval_max_tasks
+            args.eval_temperature, args.eval_max_tasks = job.paper_eval_temperature, None
+            try:
+                paper = _strip(trainer.evaluate(dataset, metric_key_prefix=f"eval_{when}_paper"),
+                               f"eval_{when}_paper")
+            finally:
+                args.eval_temperature, args.eval_max_tasks = saved
+            paper["eval_round"] = eval_round
+            results[f"{when}_paper"] = paper
+            if main:
+                print(f"[gigpo] success rate {when} (paper protocol: {job.paper_eval_episodes} episodes drawn as "
+                      f"verl-agent's eval workers do, round {eval_round}, temperature {job.paper_eval_temperature}): "
+                      f"{paper['success_rate']:.3f} over {int(paper['num_tasks'])} episodes", flush=True)
 
     if job.eval_only:
         evaluate("eval")
@@ -350,7 +415,10 @@ def run(job: JobArguments, args, model_args) -> int:
         if job.eval_before:
             evaluate("before")
         trainer.train()
-        evaluate("after")
+        # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
+        # micro-steps, an optimizer step gradient_accumulation_steps of them.
+        micro_steps = trainer.state.global_step * args.gradient_accumulation_steps
+        evaluate("after", iterations=-(-micro_steps // (args.steps_per_generation * args.num_iterations)))
         trainer.save_model(args.output_dir)
     results["wall_seconds"] = time.perf_counter() - started
     code = 0
@@ -410,4 +478,4 @@ def main(env: str, argv: list[str] | None = None) -> None:
 
 
 __all__ = ["EXAMPLE_DEFAULTS", "JobArguments", "build_parser", "check_output_dir", "env_factory", "error_line", "main",
-           "model_card", "push_adapter", "run"]
+           "model_card", "paper_eval_round", "push_adapter", "run"]

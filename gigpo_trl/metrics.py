@@ -17,7 +17,10 @@ def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str
 
     ``trajectories``: records with ``won``, ``episode_return``, ``num_turns``, ``num_invalid``, ``failed``,
     ``task_type`` (see :class:`~gigpo_trl.rollout.TrajectoryRecord`). Failed trajectories count as unsuccessful.
-    Also ``{prefix}/success_rate/<task_type>`` for each task type present.
+    Also ``{prefix}/success_rate/<task_type>`` for each task type present, and, when the environment reports a
+    ``task_score`` (WebShop: the purchase score, 0 when nothing was bought), ``{prefix}/task_score`` (the mean over
+    the trajectories that have one; the GiGPO paper's WebShop "score" column is 100 × it) and
+    ``{prefix}/task_score/<task_type>``.
     """
     if not trajectories:
         return {}
@@ -37,6 +40,15 @@ def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str
             per_type[str(t.task_type)].append(float(t.won))
     for task_type, values in sorted(per_type.items()):
         out[f"{prefix}/success_rate/{task_type}"] = float(np.mean(values))
+    scored = [t for t in trajectories if getattr(t, "task_score", None) is not None]
+    if scored:
+        out[f"{prefix}/task_score"] = float(np.mean([t.task_score for t in scored]))
+        per_type = defaultdict(list)
+        for t in scored:
+            if t.task_type is not None:
+                per_type[str(t.task_type)].append(t.task_score)
+        for task_type, values in sorted(per_type.items()):
+            out[f"{prefix}/task_score/{task_type}"] = float(np.mean(values))
     return out
 
 

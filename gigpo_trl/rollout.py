@@ -26,7 +26,7 @@ from typing import Any
 
 from .envs.base import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
-from .parsing import parse_action
+from .parsing import parse_for_env
 from .prompts import build_messages
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ def advantage_keys(rows: list[StepRow]) -> list[tuple]:
 @dataclass
 class TrajectoryRecord:
     """Summary of one episode: ``episode_return`` = R(τ), the sum of its rewards; ``failed`` when its
-    environment broke (``error`` says how); such a trajectory's rows are dropped."""
+    environment broke (``error`` says how); such a trajectory's rows are dropped. ``task_score``: the last
+    ``info["task_score"]`` the environment reported (WebShop's purchase score), None when it reports none."""
 
     trajectory_id: Hashable
     group_id: Hashable
@@ -85,6 +86,7 @@ class TrajectoryRecord:
     truncated: bool = False
     failed: bool = False
     error: str | None = None
+    task_score: float | None = None
 
 
 @dataclass
@@ -381,18 +383,18 @@ class RolloutCollector:
         return completion_ids, logprobs, texts
 
     def _parse_actions(self, states, active, prompts, completion_ids, logprobs, texts, batch: RolloutBatch):
-        """Each completion's action (:func:`parse_action`; an unparsable one gets the env's ``invalid_action`` or
-        the text's tail, as the GiGPO reference does). Returns ``(pending, actions)``: per state index its turn's
+        """Each completion's action: the env's own ``parse_completion`` if it has one (tool calls), else
+        :func:`parse_for_env` (the env's protocol; under ``"gigpo-trl"`` an unparsable completion gets the env's
+        ``invalid_action`` or the text's tail, as the GiGPO reference does). Returns ``(pending, actions)``: per state index its turn's
         ``(messages, prompt ids, completion ids, log-probs, text, parsed)``, and per pool ``{slot: action}``."""
         actions: dict[str, dict[int, str]] = {}
         pending = {}
         for n, i in enumerate(active):
             st = states[i]
-            fallback = getattr(self._templates[st["key"]], "invalid_action", None)
-            parse_hook = getattr(self._templates[st["key"]], "parse_completion", None)  # e.g. tool calls
-            parsed = parse_hook(texts[n]) if parse_hook is not None else parse_action(
-                texts[n], fallback=texts[n][-30:] if fallback is None else fallback,
-                require_think=self.require_think)
+            template = self._templates[st["key"]]
+            parse_hook = getattr(template, "parse_completion", None)  # e.g. tool calls
+            parsed = (parse_hook(texts[n]) if parse_hook is not None
+                      else parse_for_env(template, texts[n], require_think=self.require_think))
             prompt_ids = prompts[n][1]
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids))
             pending[i] = (prompts[n][0], prompt_ids, completion_ids[n],
@@ -428,7 +430,9 @@ class RolloutCollector:
             record.num_turns += 1
             record.episode_return += float(res.reward)
             record.num_invalid += int(not valid)
-            st["history"].append((str(st["observation"]), parsed.action))
+            if "task_score" in res.info:
+                record.task_score = float(res.info["task_score"])
+            st["history"].append((str(st["observation"]), parsed.history_action))
             if self.history_key_depth:
                 st["context"].append(history_pair_hash(*st["history"][-1]))
             st["observation"], st["anchor"] = res.observation, res.anchor

@@ -260,3 +260,15 @@ def anchor_warnings(rows: Any) -> list[str]:
             )
             break
     return out
+
+
+# Environment protocols (DESIGN.md): "verl-agent" reproduces the GiGPO paper's code (langfengQ/verl-agent);
+# "gigpo-trl" is this project's own behaviour, a documented deviation. A published number names its protocol.
+PROTOCOLS = ("gigpo-trl", "verl-agent")
+
+
+def check_protocol(protocol: str) -> str:
+    """Return `protocol` if it is one of `PROTOCOLS`; raise `ValueError` naming the bad value otherwise."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r} is not one of {list(PROTOCOLS)}")
+    return protocol
