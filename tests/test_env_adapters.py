@@ -244,6 +244,7 @@ def test_anchor_warnings():
     (message,) = anchor_warnings(rows([["s", "sx", "sxy"], ["s", "sx", "sxz"]]))
     assert "cumulative transcript" in message
     assert anchor_warnings(rows([["s"], ["s"]])) == []  # episodes of one turn: nothing to say
+    assert anchor_warnings(rows([["s", "a 1", "b 2"]])) == []  # one trajectory: no other to repeat a state
 
 
 # ------------------------------------------------------------------------------------------------ OpenEnv-shaped env

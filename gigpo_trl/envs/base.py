@@ -239,7 +239,9 @@ def anchor_warnings(rows: Any) -> list[str]:
     counts: dict = {}
     for r in group:
         counts[r.anchor_state] = counts.get(r.anchor_state, 0) + 1
-    if len(later) >= 2 and all(counts[r.anchor_state] == 1 for r in later):
+    # One trajectory per group cannot repeat a state across trajectories: nothing to warn about then.
+    if (len({r.trajectory_id for r in group}) >= 2 and len(later) >= 2
+            and all(counts[r.anchor_state] == 1 for r in later)):
         out.append(
             f"the {len(later)} anchor states after turn 0 of the first group ({rows[0].group_id!r:.60}) never repeat: "
             "every step group is a singleton, so the step advantage A_S is 0 and GiGPO reduces to GRPO. If the "
