@@ -386,7 +386,7 @@ def run(job: JobArguments, args, model_args) -> int:
         results[when] = metrics
         if main:
             per_type = {k.split("/", 1)[1]: round(v, 3) for k, v in metrics.items() if k.startswith("success_rate/")}
-            how = (f" (deterministic protocol: every game of the eval split once, temperature {args.eval_temperature})"
+            how = (f" (deterministic protocol: every task of the eval split once, temperature {args.eval_temperature})"
                    if paper_eval else "")
             score = f"; task score {metrics['task_score']:.3f}" if "task_score" in metrics else ""
             print(f"[gigpo] success rate {when}{how}: {metrics['success_rate']:.3f} over "
@@ -405,9 +405,10 @@ def run(job: JobArguments, args, model_args) -> int:
             paper["eval_round"] = eval_round
             results[f"{when}_paper"] = paper
             if main:
+                score = f"; task score {paper['task_score']:.3f}" if "task_score" in paper else ""
                 print(f"[gigpo] success rate {when} (paper protocol: {job.paper_eval_episodes} episodes drawn as "
                       f"verl-agent's eval workers do, round {eval_round}, temperature {job.paper_eval_temperature}): "
-                      f"{paper['success_rate']:.3f} over {int(paper['num_tasks'])} episodes", flush=True)
+                      f"{paper['success_rate']:.3f} over {int(paper['num_tasks'])} episodes{score}", flush=True)
 
     if job.eval_only:
         evaluate("eval")

@@ -206,6 +206,24 @@ def test_user_templates_verbatim_and_placeholder_error():
     assert build_messages(ours, "t", "o", [], 0, 50)[1] == {"role": "user", "content": "t!"}
 
 
+@pytest.mark.parametrize("env_name", ["alfworld", "sokoban", "webshop"])
+def test_first_prompt_template_without_verl_agent_is_refused(env_name):
+    # only verl-agent has a first-step template; under gigpo-trl every env refuses one instead of ignoring it
+    from gigpo_trl.envs import get_env_class
+
+    cls = get_env_class(env_name)
+    kwargs = {"data_dir": "builtin"} if env_name == "alfworld" else {}
+    with pytest.raises(ValueError, match=r"^first_prompt_template is a protocol='verl-agent' option \(its first-step "
+                                         r"template\); got first_prompt_template='S0 \{observation\}' with "
+                                         r"protocol='gigpo-trl'$"):
+        cls(first_prompt_template="S0 {observation}", **kwargs)
+    with pytest.raises(ValueError, match=r"protocol='gigpo-trl'$"):
+        cls(protocol="gigpo-trl", first_prompt_template="", **kwargs)  # an empty template is still a value
+    env = cls(protocol="verl-agent", first_prompt_template="S0 {observation}", **kwargs)
+    assert env.first_prompt_template == "S0 {observation}"
+    assert not hasattr(cls(**kwargs), "first_prompt_template")  # none given, none under gigpo-trl
+
+
 def test_max_prompt_chars_falls_back_to_the_first_step_template():
     # verl-agent's WebShop rule: a prompt with history longer than 13,000 characters is rebuilt without history
     first, later = "FIRST {observation}", "LATER {history} {observation}"

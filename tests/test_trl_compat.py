@@ -389,15 +389,29 @@ def _library_private_names() -> set[str]:
     return names
 
 
+LIBRARIES = ("trl", "transformers", "accelerate")
+
+
 def test_no_private_library_attribute_outside_compat():
     """Only trl_compat.py reads, calls or patches a private attribute of TRL / transformers / accelerate / argparse;
-    the others may define the hooks in ``OVERRIDDEN_HOOKS`` and call ``super().<hook>`` inside them."""
+    the others may define the hooks in ``OVERRIDDEN_HOOKS`` and call ``super().<hook>`` inside them. Every module of
+    the package is scanned, subpackages included (``gigpo_trl/envs/``). Private names of other libraries (the
+    TextWorld / ALFWorld patches in ``envs/alfworld.py``) are outside this boundary."""
     private = _library_private_names() - set(trl_compat.OVERRIDDEN_HOOKS) - {"_tag_names", "_name", "_paper"}
     offenders = []  # the package's own private names must not reuse a library's either: that would hide an access
-    for path in sorted(PACKAGE.glob("*.py")):
-        if path.name == "trl_compat.py":
+    scanned = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE) == Path("trl_compat.py"):
             continue
+        scanned.append(path.relative_to(PACKAGE).as_posix())
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in private:
-                offenders.append(f"{path.name}:{node.lineno} .{node.attr}")
+                offenders.append(f"{scanned[-1]}:{node.lineno} .{node.attr}")
+            # `from trl.x._y import z` / `from transformers.x import _z`: a private import is an access too
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIBRARIES:
+                names = node.module.split(".") + [a.name for a in node.names]
+                if any(n.startswith("_") and not n.startswith("__") for n in names):
+                    offenders.append(f"{scanned[-1]}:{node.lineno} from {node.module} import "
+                                     f"{', '.join(a.name for a in node.names)}")
+    assert {"job.py", "envs/base.py", "envs/webshop.py", "envs/alfworld.py"} <= set(scanned)  # subpackages too
     assert not offenders, f"private library attributes outside gigpo_trl/trl_compat.py: {offenders}"

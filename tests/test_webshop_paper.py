@@ -393,6 +393,66 @@ def test_bundled_catalog_under_verl_agent():
     assert pickle.loads(pickle.dumps(env)).store is env.store
 
 
+# ------------------------------------------------------------------------------------- the evaluation draw
+# verl-agent f974dc5 (the paper's code; HEAD draws alike): make_envs builds the validation env with
+# seed = env.seed + 1000, env_num = val_batch_size (128), group_n = 1; WebshopMultiProcessEnv holds
+# np.random.RandomState(seed) and every reset() (one per validation) draws choice(range(500), env_num,
+# replace=False), worker i playing goals[idx[i]]. Pinned values: numpy's legacy RandomState(1000), whose stream
+# NumPy keeps fixed across versions.
+ROUND_0_FIRST_8 = [319, 207, 22, 420, 352, 491, 60, 264]
+ROUND_1_FIRST_8 = [417, 304, 117, 305, 87, 228, 15, 224]
+ROUND_2_FIRST_8 = [133, 477, 253, 299, 85, 136, 407, 43]
+
+
+def test_paper_eval_goal_indices_for_a_fixed_seed():
+    import numpy as np
+
+    assert paper.paper_eval_goal_indices(num_episodes=8) == ROUND_0_FIRST_8
+    assert paper.paper_eval_goal_indices(num_episodes=8, eval_round=1) == ROUND_1_FIRST_8
+    assert paper.paper_eval_goal_indices(num_episodes=8, eval_round=2) == ROUND_2_FIRST_8
+    assert paper.paper_eval_goal_indices(num_episodes=4, seed=7) == [139, 181, 41, 311]  # RandomState(1007)
+    assert paper.paper_eval_goal_indices(num_episodes=4, num_test_goals=10) == [2, 6, 5, 1]
+    assert paper.paper_eval_goal_indices(num_episodes=8, num_test_goals=200) == [118, 70, 163, 161, 73, 96, 16, 120]
+    # the upstream lines themselves: three validations of one validation env (env.seed 0)
+    rng = np.random.RandomState(0 + 1000)
+    upstream = [np.repeat(rng.choice(range(500), size=128, replace=False), 1).tolist() for _ in range(3)]
+    ours = [paper.paper_eval_goal_indices(128, 0, r) for r in range(3)]
+    assert ours == upstream and [o[:8] for o in ours] == [ROUND_0_FIRST_8, ROUND_1_FIRST_8, ROUND_2_FIRST_8]
+    assert all(len(set(o)) == 128 and max(o) < 500 for o in ours)  # without replacement, test goals only
+    assert ours[0] == np.random.RandomState(1000).permutation(500)[:128].tolist()  # choice = permutation[:size]
+    with pytest.raises(ValueError, match=r"num_episodes=501, num_test_goals=500, eval_round=0"):
+        paper.paper_eval_goal_indices(num_episodes=501)
+    with pytest.raises(ValueError, match=r"num_episodes=0"):
+        paper.paper_eval_goal_indices(num_episodes=0)
+    with pytest.raises(ValueError, match=r"eval_round=-1"):
+        paper.paper_eval_goal_indices(eval_round=-1)
+
+
+def test_paper_eval_tasks_on_the_real_files_format(env):
+    tasks = env.paper_eval_tasks(num_episodes=4)  # the fixture has 602 goals: test = goals[0:500]
+    assert tasks["task"] == ["goal-00319", "goal-00207", "goal-00022", "goal-00420"] and tasks["seed"] == [0, 1, 2, 3]
+    by_id = {g["id"]: g for g in env.store.splits["eval"]}
+    assert tasks["task_type"] == [by_id[t]["category"] for t in tasks["task"]]
+    assert env.paper_eval_tasks(num_episodes=8, eval_round=2)["task"] == [f"goal-{i:05d}" for i in ROUND_2_FIRST_8]
+    full = env.paper_eval_tasks()
+    assert len(full) == 128 == len(set(full["task"])) and full["task"][:8] == [f"goal-{i:05d}" for i in
+                                                                               ROUND_0_FIRST_8]
+    obs, info = env.reset(full["task"][0])
+    assert info["goal_id"] == "goal-00319" and env.goal is by_id["goal-00319"]
+
+
+def test_paper_eval_tasks_on_the_bundled_catalog():
+    env = WebShopEnv(protocol="verl-agent")  # 200 test goals: the same generator draws from range(200)
+    tasks = env.paper_eval_tasks(num_episodes=3)
+    assert tasks["task"] == ["eval-0118", "eval-0070", "eval-0163"]
+    assert tasks["task_type"] == ["backpack", "shoes", "headphones"]
+    assert env.paper_eval_tasks(num_episodes=3, eval_round=1)["task"] == ["eval-0085", "eval-0004", "eval-0192"]
+    assert len(set(env.paper_eval_tasks()["task"])) == 128
+    with pytest.raises(ValueError, match=r"num_episodes=201, num_test_goals=200"):
+        env.paper_eval_tasks(num_episodes=201)
+    assert not hasattr(WebShopEnv(), "paper_eval_tasks")  # gigpo-trl: the deterministic evaluation only
+
+
 def test_protocol_option():
     assert PROTOCOLS == ("gigpo-trl", "verl-agent") and check_protocol("verl-agent") == "verl-agent"
     with pytest.raises(ValueError, match=r"protocol='verl_agent' is not one of \['gigpo-trl', 'verl-agent'\]"):
@@ -486,7 +546,8 @@ def test_webshop_prompt_templates_verbatim():
     assert copy.first_prompt_template.startswith("F ") and copy.prompt_template.startswith("L ")
     ours = WebShopEnv(prompt_template="{instruction}!")
     assert build_messages(ours, "t", "o", [], 0, 15)[1] == {"role": "user", "content": "t!"}
-    with pytest.raises(ValueError, match="first_prompt_template is a protocol='verl-agent' option"):
+    with pytest.raises(ValueError, match=r"first_prompt_template is a protocol='verl-agent' option \(its first-step "
+                                         r"template\); got first_prompt_template='F' with protocol='gigpo-trl'"):
         WebShopEnv(first_prompt_template="F")
 
 
@@ -558,7 +619,7 @@ def test_job_protocol_flag_and_eval_json_score(tmp_path, tiny_model_dir, capsys,
         "v_proj", "--num_generations", "2", "--per_device_train_batch_size", "2", "--steps_per_generation", "1",
         "--gradient_accumulation_steps", "1", "--max_steps", "1", "--max_turns", "2", "--max_completion_length",
         "8", "--eval_max_tasks", "2", "--disable_tqdm", "true", "--eval_before", "false",
-        "--protocol", "verl-agent"])
+        "--protocol", "verl-agent", "--paper_eval_episodes", "3"])
     assert isinstance(env_factory(job)(), PaperWebShopEnv)
     assert run(job, args, model_args) == 0
     captured = capsys.readouterr().out
@@ -566,8 +627,17 @@ def test_job_protocol_flag_and_eval_json_score(tmp_path, tiny_model_dir, capsys,
     # a tiny random model buys nothing in 2 turns: score 0, success 0, and both are logged
     assert (results["success_rate"], results["task_score"], results["num_tasks"]) == (0.0, 0.0, 2.0)
     assert (results["task_score/headphones"], results["task_score/t-shirt"]) == (0.0, 0.0)  # eval-0000, eval-0001
-    assert "[gigpo] success rate after: 0.000 over 2 tasks; task score 0.000;" in captured
+    assert "[gigpo] success rate after (deterministic protocol: every task of the eval split once, temperature " \
+           "0.0): 0.000 over 2 tasks; task score 0.000;" in captured
     assert "[gigpo] iteration 1: success 0.000 score 0.000 " in captured
+    # the paper protocol next to it: after 1 iteration, validation round ceil(1 / 5) = 1 of RandomState(1000) over the
+    # bundled catalog's 200 test goals: eval-0085 (shoes), eval-0004 (t-shirt), eval-0192 (dog food), at T = 0.4
+    paper_run = json.loads((out / "eval_results.json").read_text())["after_paper"]
+    assert (paper_run["eval_round"], paper_run["num_tasks"], paper_run["task_score"]) == (1, 3.0, 0.0)
+    assert {k for k in paper_run if k.startswith("task_score/")} == {"task_score/shoes", "task_score/t-shirt",
+                                                                     "task_score/dog food"}
+    assert ("[gigpo] success rate after (paper protocol: 3 episodes drawn as verl-agent's eval workers do, round 1, "
+            "temperature 0.4): 0.000 over 3 episodes; task score 0.000") in captured
     job.protocol = "paper"
     with pytest.raises(ValueError, match=r"protocol='paper' is not one of \['gigpo-trl', 'verl-agent'\]"):
         env_factory(job)

@@ -54,7 +54,7 @@ from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
-from .base import TextEnv, check_protocol
+from .base import TextEnv, check_first_prompt_template, check_protocol
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -425,7 +425,8 @@ class ALFWorldEnv(TextEnv):
         prompt_template (`str`, *optional*): the user-message template, verbatim; under ``"gigpo-trl"`` with the
             placeholders of ``DEFAULT_PROMPT_TEMPLATE``, under ``"verl-agent"`` the later-step template with those
             of :data:`gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS`. Default: this env's own wording.
-        first_prompt_template (`str`, *optional*): ``"verl-agent"`` only: the first-step template (no history).
+        first_prompt_template (`str`, *optional*): ``"verl-agent"`` only: the first-step template (no history);
+            passing one under ``"gigpo-trl"`` raises ``ValueError``.
 
     ``eval_split`` defaults to ``"valid_unseen"`` under ``"gigpo-trl"`` and to ``"valid_seen"`` under
     ``"verl-agent"``.
@@ -443,6 +444,7 @@ class ALFWorldEnv(TextEnv):
                  cache_dir: str | None = None, max_turns: int = 50, protocol: str = "gigpo-trl",
                  prompt_template: str | None = None, first_prompt_template: str | None = None):
         self.protocol = check_protocol(protocol)
+        check_first_prompt_template(first_prompt_template, self.protocol)
         self.paper = protocol == "verl-agent"
         if eval_split is None:
             eval_split = "valid_seen" if self.paper else "valid_unseen"

@@ -274,3 +274,11 @@ def check_protocol(protocol: str) -> str:
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol={protocol!r} is not one of {list(PROTOCOLS)}")
     return protocol
+
+
+def check_first_prompt_template(first_prompt_template: str | None, protocol: str) -> None:
+    """Raise `ValueError` naming the value and the protocol when a first-step template is given under a protocol
+    that has none: only ``"verl-agent"`` prompts the first step with its own template (no history)."""
+    if first_prompt_template is not None and protocol != "verl-agent":
+        raise ValueError(f"first_prompt_template is a protocol='verl-agent' option (its first-step template); got "
+                         f"first_prompt_template={first_prompt_template!r} with protocol={protocol!r}")

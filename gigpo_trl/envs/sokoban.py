@@ -46,7 +46,7 @@ from collections import deque
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .base import TextEnv, check_protocol, parse_move, seed_tasks
+from .base import TextEnv, check_first_prompt_template, check_protocol, parse_move, seed_tasks
 
 MOVES: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 ACTION_NAMES: list[str] = list(MOVES)
@@ -344,7 +344,8 @@ class SokobanEnv(TextEnv):
             whose rewards replace ``success_reward`` / ``step_penalty``.
         prompt_template (`str`, *optional*): the user-message template, verbatim (under ``"verl-agent"`` the
             later-step one, placeholders in :data:`gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS`).
-        first_prompt_template (`str`, *optional*): ``"verl-agent"`` only: the first-step template.
+        first_prompt_template (`str`, *optional*): ``"verl-agent"`` only: the first-step template; passing one
+            under ``"gigpo-trl"`` raises ``ValueError``.
 
     Example::
 
@@ -372,6 +373,7 @@ class SokobanEnv(TextEnv):
         first_prompt_template: str | None = None,
     ):
         self.protocol = check_protocol(protocol)
+        check_first_prompt_template(first_prompt_template, self.protocol)
         self.paper = protocol == "verl-agent"
         if self.paper:
             self.prompt_template = prompt_template or VERL_AGENT_TEMPLATE

@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from . import webshop_paper as paper
-from .base import TextEnv, check_protocol
+from .base import TextEnv, check_first_prompt_template, check_protocol
 from .webshop_paper import paper_reward  # noqa: F401  (public: gigpo_trl.envs.webshop.paper_reward)
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "webshop"
@@ -545,9 +545,7 @@ class WebShopEnv(TextEnv):
                  protocol: str = "gigpo-trl", prompt_template: str | None = None,
                  first_prompt_template: str | None = None):
         self.protocol = check_protocol(protocol)
-        if first_prompt_template is not None:
-            raise ValueError("first_prompt_template is a protocol='verl-agent' option (its first-step template); "
-                             f"got it with protocol={protocol!r}")
+        check_first_prompt_template(first_prompt_template, self.protocol)
         if prompt_template is not None:
             self.prompt_template = prompt_template
         if data_dir is None:
@@ -993,6 +991,25 @@ class PaperWebShopEnv(WebShopEnv):
         goals = self._split(split)
         return datasets.Dataset.from_dict({"task": [g["id"] for g in goals], "seed": list(range(len(goals))),
                                            "task_type": [g["task_type"] for g in goals]})
+
+    def paper_eval_tasks(self, num_episodes: int = 128, seed: int = 0, eval_round: int = 0):
+        """The paper's validation episodes as a task dataset (columns ``task`` = goal id, ``seed`` = worker index,
+        ``task_type``), in worker order: the test goals at
+        :func:`~gigpo_trl.envs.webshop_paper.paper_eval_goal_indices` ``(num_episodes, seed, eval_round)``, 128
+        distinct goals of the 500 per round with the paper's defaults. On real data this is verl-agent's draw
+        exactly; the bundled catalog has 200 test goals, so there the same generator draws from ``range(200)``.
+        Sample them at temperature 0.4 to match the paper.
+
+        Raises:
+            ValueError: ``num_episodes`` < 1 or more than the test goals, or ``eval_round`` < 0.
+        """
+        import datasets
+
+        goals = self._split("eval")
+        idx = paper.paper_eval_goal_indices(num_episodes, seed, eval_round,
+                                            num_test_goals=min(len(goals), paper.NUM_TEST_GOALS))
+        return datasets.Dataset.from_dict({"task": [goals[i]["id"] for i in idx], "seed": list(range(len(idx))),
+                                           "task_type": [goals[i]["task_type"] for i in idx]})
 
     def reset(self, task: Any = 0, seed: int | None = None) -> tuple[str, dict]:
         self.goal = self._resolve(task)

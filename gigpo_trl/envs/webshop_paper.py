@@ -38,6 +38,11 @@ drawn by ``random.sample``; with fewer than two, 1,000,000 and no price text. A 
 ``random.uniform(a, b)``. Prices and caps come from ``random.Random(goal_seed)`` in the engine's order (all prices,
 then one draw per product with an instruction); the goals are then shuffled by ``random.Random(233).shuffle``
 (the paper's code before its 2025-06-03 update); ``test = goals[0:500]``, ``train = goals[500:]``.
+
+Evaluation draw (:func:`paper_eval_goal_indices`, webshop ``envs.py`` ``reset``)
+------------------------------------------------------------------------------
+Each validation plays 128 distinct test goals: ``np.random.RandomState(env.seed + 1000).choice(range(500),
+size=128, replace=False)``, a new draw of the same generator per validation round.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from typing import Any, Callable
 PAPER_SPACY_MODEL = "en_core_web_sm"  # verl-agent's goal.py (princeton-nlp/WebShop before 2024-05: en_core_web_lg)
 GOAL_SHUFFLE_SEED = 233
 NUM_TEST_GOALS = 500
+PAPER_VAL_SEED_OFFSET = 1000  # make_envs: validation envs get env.seed + 1000
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 NO_PRICE_CAP = 1000000
 FUZZ_THRESHOLD = 85  # a match needs token_set_ratio > 85
@@ -345,6 +351,46 @@ def split_goals(goals: list[dict]) -> dict[str, list[dict]]:
     random.Random(GOAL_SHUFFLE_SEED).shuffle(goals)
     goals = [{**g, "id": f"goal-{i:05d}"} for i, g in enumerate(goals)]
     return {"eval": goals[:NUM_TEST_GOALS], "train": goals[NUM_TEST_GOALS:]}
+
+
+def paper_eval_goal_indices(num_episodes: int = 128, seed: int = 0, eval_round: int = 0,
+                            num_test_goals: int = NUM_TEST_GOALS) -> list[int]:
+    """Indices into the test goals (``goals[0:500]``) of verl-agent's WebShop validation ``eval_round``
+    (0 = the validation before training), one per episode, in worker order.
+
+    verl-agent before its 2025-06-03 update (commit f974dc5; HEAD draws the same way): ``make_envs``
+    (``env_manager.py``) builds the validation env with ``seed = env.seed + PAPER_VAL_SEED_OFFSET``,
+    ``env_num = data.val_batch_size`` (128) and ``group_n = 1``; ``WebshopMultiProcessEnv`` (webshop ``envs.py``)
+    holds ``np.random.RandomState(seed)``, its test ``goal_idxs = range(500)``, and each ``reset()`` draws
+    ``rng.choice(goal_idxs, size=env_num, replace=False)``, worker ``i`` playing the ``i``-th index
+    (``np.repeat(idx, group_n)``). A validation calls ``reset()`` once (128 validation rows = one batch of 128), and
+    this generator serves nothing else, so round ``r`` is its ``(r + 1)``-th draw, for every round exactly.
+    (Legacy ``RandomState.choice`` without replacement or weights is ``permutation(len(goal_idxs))[:size]``.)
+
+    The workers' own seeds (``seed + i // group_n``) do not enter: in f974dc5 the worker ignores its seed
+    (``# env_kwargs['seed'] = seed``) and every worker's goal list is the same ``random.seed(233)`` shuffle, so an
+    index names the same goal on every worker. (At HEAD each worker shuffles with its own seed, so one index names a
+    different goal per worker; not reproduced, the paper's numbers predate it.)
+
+    Args:
+        num_episodes: ``val_data_size`` (128); at most ``num_test_goals`` (the draw is without replacement).
+        seed: the run's ``env.seed`` (0 in the paper's scripts); the validation generator is ``seed + 1000``.
+        eval_round: which validation (``ceil(iterations / test_freq)`` after ``iterations`` iterations).
+        num_test_goals: size of the pool drawn from (500 in the paper; the bundled catalog has fewer test goals).
+
+    Raises:
+        ValueError: ``num_episodes`` < 1 or > ``num_test_goals``, or ``eval_round`` < 0.
+    """
+    import numpy as np
+
+    if not 1 <= num_episodes <= num_test_goals or eval_round < 0:
+        raise ValueError(f"need 1 <= num_episodes <= num_test_goals and eval_round >= 0; got num_episodes="
+                         f"{num_episodes}, num_test_goals={num_test_goals}, eval_round={eval_round}")
+    rng = np.random.RandomState(int(seed) + PAPER_VAL_SEED_OFFSET)
+    pool = range(int(num_test_goals))
+    for _ in range(eval_round):
+        rng.choice(pool, size=num_episodes, replace=False)
+    return [int(i) for i in rng.choice(pool, size=num_episodes, replace=False)]
 
 
 def search_document(product: dict) -> str:
