@@ -34,8 +34,10 @@ from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
+from .numerics import DeepSpeedStepGuard, current_policy_as_old, install_mask_positions, is_on_policy_micro_step
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
-from .vllm_glue import (check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard,
+from .vllm_glue import (check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
+                        server_weight_sync_guard,
                         shutdown_engine_before_end_training, skip_initial_server_sync, vllm_max_model_len)
 
 logger = logging.getLogger(__name__)
@@ -167,6 +169,7 @@ class GiGPOTrainer(GRPOTrainer):
         self._vllm_no_sync_message = server_sync.message
         if self.use_vllm:
             install_cpu_colocate_sync(self.vllm_generation)  # colocate on vLLM's CPU backend
+            install_out_of_place_lora_sync(self.vllm_generation)  # LoRA: never write the base weights
             shutdown_engine_before_end_training(self)
             if server_sync.message is not None:
                 skip_initial_server_sync(self)
@@ -178,6 +181,10 @@ class GiGPOTrainer(GRPOTrainer):
             )
         if args.disable_dropout:
             _disable_attention_dropout(self.model)
+        for m in (self.model, self.ref_model):  # positions from the attention mask: padding-invariant forwards
+            if m is not None:
+                install_mask_positions(m)
+        self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))
         if getattr(self._tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
@@ -583,6 +590,16 @@ class GiGPOTrainer(GRPOTrainer):
         }
         for key, value in values.items():  # ±inf: no loss token on any rank
             self._metrics[mode][key].append(value.item() if torch.isfinite(value) else math.nan)
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's micro-batch; on an on-policy micro-step π_old is the training forward's own log-probs (exact ratio 1
+        in bf16, see :func:`gigpo_trl.numerics.current_policy_as_old`)."""
+        inputs = super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self.model.training and is_on_policy_micro_step(self._step, generate_every,
+                                                            self.args.gradient_accumulation_steps):
+            inputs = current_policy_as_old(inputs)
+        return inputs
 
     # ------------------------------------------------------------------ bounded memory: token-budget sub-batches
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
