@@ -18,6 +18,7 @@ Three things a CPU suite in fp32 never shows (issue 20):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 
@@ -198,6 +199,26 @@ def iter_merged_named_params(model, named_params):
     for name, param in named_params:
         target = targets.get(id(param))
         yield name, (param.data if target is None else merged_lora_weight(target[0], target[1], param.data))
+
+
+# ---------------------------------------------------------------------------------------------- generation unwrap
+@contextlib.contextmanager
+def unwrap_for_generation(model, accelerator, **kwargs):
+    """TRL's ``unwrap_model_for_generation`` (``trl.models.utils``), whose exit work always runs.
+
+    TRL's context is a generator without ``try/finally``: when the block raises, the code after its ``yield`` never
+    runs, so under ZeRO-3 the parameter hooks it removed (``remove_hooks``) are not put back (``add_hooks``) and
+    gradient checkpointing stays off. Here the context is always exited as if the block had ended normally, then
+    the block's exception (if any) propagates. Yields the unwrapped model; ``kwargs`` go to TRL's function.
+    """
+    from trl.models import unwrap_model_for_generation
+
+    context = unwrap_model_for_generation(model, accelerator, **kwargs)
+    unwrapped = context.__enter__()
+    try:
+        yield unwrapped
+    finally:
+        context.__exit__(None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import itertools
 import logging
 import math
@@ -25,7 +26,6 @@ from accelerate.utils import DistributedType, gather_object
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
-from trl.models import unwrap_model_for_generation
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad, use_adapter
 
@@ -33,8 +33,9 @@ from .advantage import compute_gigpo_advantages
 from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
-from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
-from .numerics import DeepSpeedStepGuard, current_policy_as_old, install_mask_positions, is_on_policy_micro_step
+from .microbatch import drop_filler_rows, pack_rows, row_lengths, scoring_sub_batches, sub_batch_widths, take_rows
+from .numerics import (DeepSpeedStepGuard, current_policy_as_old, install_mask_positions, is_on_policy_micro_step,
+                       unwrap_for_generation)
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
 from .vllm_glue import (check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
                         server_weight_sync_guard,
@@ -44,6 +45,20 @@ logger = logging.getLogger(__name__)
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
+
+
+def check_checkpoint_world_size(checkpoint: str, world_size: int) -> None:
+    """Refuse to resume from ``checkpoint`` with another number of processes than the one that saved it: each rank's
+    rollout buffer (``ROLLOUT_STATE_NAME``) holds that rank's rows, so another world size would train on the wrong
+    ones. Checkpoints without rollout state files (``save_only_model``, older versions) pass.
+
+    Raises:
+        ValueError: one line naming both process counts.
+    """
+    saved = len(glob.glob(os.path.join(glob.escape(checkpoint), ROLLOUT_STATE_NAME.format(rank="*"))))
+    if saved and saved != world_size:
+        raise ValueError(f"checkpoint {checkpoint} was saved by {saved} processes but this run has {world_size}; "
+                         f"resume with {saved} processes (its rollout buffers are per process)")
 
 
 def _env_reward(completions, **kwargs):
@@ -300,6 +315,8 @@ class GiGPOTrainer(GRPOTrainer):
             super()._push_from_checkpoint(checkpoint_folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is not None:
+            check_checkpoint_world_size(checkpoint, self.accelerator.num_processes)
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
@@ -495,12 +512,14 @@ class GiGPOTrainer(GRPOTrainer):
             # 1 for a rollout row, 0 for filler: row-normalised losses divide by real rows (see _sub_batch_scale)
             "real_row_mask": torch.tensor([1] * len(rows) + [0] * (target - len(rows)), device=device),
         }
-        output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode))
+        output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode,
+                                        real_rows=len(rows)))
         return output
 
-    def _score_logps(self, prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode) -> dict:
+    def _score_logps(self, prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode,
+                     real_rows: int | None = None) -> dict:
         """The old / reference / sampling log-probs and vLLM importance-sampling ratio, under the same conditions
-        as ``GRPOTrainer._generate_and_score_completions`` computes them."""
+        as ``GRPOTrainer._generate_and_score_completions`` computes them. Rows from ``real_rows`` on are filler."""
         out: dict[str, torch.Tensor] = {}
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -512,16 +531,17 @@ class GiGPOTrainer(GRPOTrainer):
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
                 out["old_per_token_logps"] = self._score_in_budget(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size, real_rows
                 )
             if self.beta != 0.0:
                 if self.ref_model is not None:
-                    ref = self._score_in_budget(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size)
+                    ref = self._score_in_budget(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                real_rows)
                 else:
                     unwrapped = self.accelerator.unwrap_model(self.model)
                     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
                         ref = self._score_in_budget(self.model, input_ids, attention_mask, logits_to_keep,
-                                                    batch_size)
+                                                    batch_size, real_rows)
                 out["ref_per_token_logps"] = ref
         if self.use_vllm and (have_sampling or is_correction):
             sampling = self._sampling_logps(logps_list, completion_ids)
@@ -614,9 +634,10 @@ class GiGPOTrainer(GRPOTrainer):
         """
         budget = self.args.max_tokens_per_microbatch
         if return_outputs or budget is None or not (self.model.training and torch.is_grad_enabled()):
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            scale = self._sub_batch_scale(inputs, inputs)
-            return loss if scale == 1.0 else loss * scale
+            # Without the filler rows TRL's row-mean normalisers count rollout rows only, and its entropy bonus and
+            # MoE aux loss keep their own scaling (a B/R factor on the whole loss would scale those too).
+            with self._ragged_gather():  # ranks may now hold different row counts
+                return super().compute_loss(model, drop_filler_rows(inputs), return_outputs, num_items_in_batch)
         mode = "train"
         subs, weights = self._split_for_budget(inputs, budget)
         before = {key: len(values) for key, values in self._metrics[mode].items()}
@@ -767,13 +788,16 @@ class GiGPOTrainer(GRPOTrainer):
             del values[start:]
             values.append(merged)
 
-    def _score_in_budget(self, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int):
+    def _score_in_budget(self, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int,
+                         real_rows: int | None = None):
         """Per-token log-probs ``(B, logits_to_keep)`` of the no-grad old/reference passes, in forwards of at most
         ``max_tokens_per_microbatch`` padded tokens (``None``: TRL's chunks of ``batch_size`` rows).
 
-        Only prompt padding is trimmed: completions keep the batch's full width, because a training sub-batch of
-        another width reads these values at masked positions too (``exp(ref - logp)`` there must stay finite).
-        Every rank runs the same number of forwards (ZeRO-3 gathers parameters in each).
+        Only prompt padding is trimmed for rollout rows: completions keep the batch's full width, because a training
+        sub-batch of another width reads these values at masked positions too (``exp(ref - logp)`` there must stay
+        finite). Filler rows (index ``>= real_rows``) are scored at one token (:func:`scoring_sub_batches`); their
+        other columns are 0 and never read. Every rank runs the same number of forwards (ZeRO-3 gathers parameters
+        in each).
         """
         budget = self.args.max_tokens_per_microbatch
         if budget is None:
@@ -782,21 +806,23 @@ class GiGPOTrainer(GRPOTrainer):
             )[0]
         width = input_ids.size(1) - logits_to_keep  # prompt columns
         p_len = attention_mask[:, :width].sum(dim=1).tolist()
-        c_len = [logits_to_keep] * input_ids.size(0)
-        bins = pack_rows(p_len, c_len, budget, self.pad_to_multiple_of)
+        n = input_ids.size(0)
+        filler = range(n if real_rows is None else real_rows, n)
+        bins = scoring_sub_batches(p_len, logits_to_keep, budget, self.pad_to_multiple_of, filler)
         n_max, _ = self._agree_on_sub_batches(len(bins), [0.0] * len(bins))
         out = None
         for i in range(n_max):
-            rows = bins[i] if i < len(bins) else [0]  # a short rank repeats a one-token-prompt forward of row 0
-            wp = min(width, sub_batch_widths(p_len, c_len, rows, self.pad_to_multiple_of)[0]) if i < len(bins) else 1
+            # a short rank repeats a one-token forward of row 0
+            rows, wp, wc = bins[i] if i < len(bins) else ([0], 1, 1)
+            wp = min(width, wp)
             index = torch.tensor(rows, device=input_ids.device)
             logps = self._get_per_token_logps_and_entropies(
-                model, input_ids[index, width - wp :], attention_mask[index, width - wp :], logits_to_keep
+                model, input_ids[index, width - wp : width + wc], attention_mask[index, width - wp : width + wc], wc
             )[0]
             if out is None:
-                out = logps.new_zeros((input_ids.size(0), logits_to_keep))
+                out = logps.new_zeros((n, logits_to_keep))
             if i < len(bins):
-                out[index] = logps
+                out[index, :wc] = logps
         return out
 
     @contextlib.contextmanager
@@ -812,7 +838,7 @@ class GiGPOTrainer(GRPOTrainer):
         if self.use_vllm or plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
             yield
             return
-        with unwrap_model_for_generation(
+        with unwrap_for_generation(  # TRL's unwrap, its hooks restored also when the collect raises
             self.model_wrapped, self.accelerator, gather_deepspeed3_params=True,
             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
         ):
@@ -839,9 +865,12 @@ class GiGPOTrainer(GRPOTrainer):
         if mode == "train":
             self.state.num_input_tokens_seen += int(totals[1] + totals[2])
         metrics["rollout/rows"] = float(totals[0])
-        metrics["rollout/generate_calls"] = float(batch.num_generate_calls)
-        metrics["rollout/max_prompt_tokens"] = float(batch.max_prompt_tokens)
-        metrics["rollout/seconds"] = t_rollout
+        # over all ranks: the most generate calls, the longest prompt, the slowest rollout
+        peaks = torch.tensor([batch.num_generate_calls, batch.max_prompt_tokens, t_rollout], dtype=torch.float32,
+                             device=self.accelerator.device)
+        peaks = self.accelerator.gather(peaks).view(-1, 3).amax(dim=0).tolist()
+        metrics["rollout/generate_calls"], metrics["rollout/max_prompt_tokens"] = peaks[0], peaks[1]
+        metrics["rollout/seconds"] = peaks[2]
         metrics["rollout/advantage_seconds"] = t_adv
         metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
         # TRL's clipped / terminated completion metrics; an empty completion was not cut at the limit

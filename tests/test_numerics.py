@@ -241,3 +241,95 @@ def test_deepspeed_step_guard_names_both_counts_and_the_accelerate_version():
     plain.on_train_begin(None, state, None)
     state.global_step = 100
     plain.on_step_end(None, state, None)
+
+
+# ---------------------------------------------------------------------------------------------- filler, loss scale
+def test_filler_rows_scored_at_one_token(bf16_trainer):
+    trainer, rows = bf16_trainer
+    real = rows[:5]
+    shapes = []
+    hook = trainer.model.register_forward_pre_hook(
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        batch = trainer._rows_to_batch(real, torch.zeros(5).numpy(), [8], "train")  # 5 rollout rows + 3 filler
+        n_batch = len(shapes)
+        alone = trainer._rows_to_batch(real, torch.zeros(5).numpy(), [5], "train")  # spg 2: 5 rows + 1 filler
+    finally:
+        hook.remove()
+    assert batch["real_row_mask"].tolist() == [1] * 5 + [0] * 3
+    width = batch["completion_ids"].size(1)
+    assert shapes[n_batch - 1] == (3, 2)  # the three filler rows: one prompt + one completion token, one forward
+    assert all(s[1] > width for s in shapes[: n_batch - 1])  # rollout rows at the full completion width
+    assert shapes[-1] == (1, 2)
+    old, old_alone = batch["old_per_token_logps"], alone["old_per_token_logps"]
+    assert torch.equal(old[:5], old_alone[:5])  # rollout rows: the same forwards with or without filler
+    assert bool((old[5:] == 0).all())  # masked columns: TRL's fused head gives 0 there, as for any masked token
+
+
+def test_budget_off_entropy_bonus_keeps_trls_scaling(bf16_trainer):
+    """10 rollout rows + 6 filler, row-mean loss (grpo), entropy bonus on, no budget: the loss is TRL's own loss on
+    the 10 rows; the former B/R factor (16/10 on TRL's loss of all 16 rows) also scaled the entropy bonus."""
+    from trl import GRPOTrainer
+
+    trainer, rows = bf16_trainer
+    ten = rows[:10]
+    padded = trainer._rows_to_batch(ten, torch.linspace(-1, 1, 10).numpy(), [16], "train")
+    assert padded["real_row_mask"].sum() == 10 and padded["completion_mask"].size(0) == 16
+    alone = {k: (v[:10] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in padded.items()}
+    saved = (trainer.args.max_tokens_per_microbatch, trainer.loss_type, trainer.entropy_coef,
+             trainer._entropy_bonus_enabled)
+    trainer.args.max_tokens_per_microbatch, trainer.loss_type = None, "grpo"
+    try:
+        with torch.no_grad():
+            trainer.entropy_coef, trainer._entropy_bonus_enabled = 0.0, False
+            no_bonus = float(trainer.compute_loss(trainer.model, padded))
+            trainer.entropy_coef, trainer._entropy_bonus_enabled = 0.5, True
+            ours = float(trainer.compute_loss(trainer.model, padded))
+            trl_own = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
+            scaled_all = float(GRPOTrainer.compute_loss(trainer, trainer.model, padded)) * 16 / 10
+    finally:
+        (trainer.args.max_tokens_per_microbatch, trainer.loss_type, trainer.entropy_coef,
+         trainer._entropy_bonus_enabled) = saved
+    assert abs(ours - no_bonus) > 0.1  # the bonus takes part
+    assert ours == trl_own
+    assert abs(scaled_all - ours) > 0.05  # what B/R on the whole loss gave: 0.6 x the bonus too much
+
+
+# ---------------------------------------------------------------------------------------------- resume, unwrap
+def test_resume_refuses_another_world_size(bf16_trainer, tmp_path):
+    from gigpo_trl.trainer import ROLLOUT_STATE_NAME
+
+    trainer, _ = bf16_trainer
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    for rank in (0, 1):
+        torch.save({"step": 3, "buffered_inputs": None}, folder / ROLLOUT_STATE_NAME.format(rank=rank))
+    with pytest.raises(ValueError, match=rf"^checkpoint {folder} was saved by 2 processes but this run has 1; "
+                                         r"resume with 2 processes \(its rollout buffers are per process\)$"):
+        trainer._load_optimizer_and_scheduler(str(folder))
+
+
+def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
+    """TRL's unwrap re-enables gradient checkpointing (and, under ZeRO-3, re-adds the parameter hooks) after its
+    yield; here that runs although the block raised."""
+    from trl.models import unwrap_model_for_generation
+
+    from gigpo_trl.numerics import unwrap_for_generation
+
+    trainer, _ = bf16_trainer
+    model = trainer.model
+    model.gradient_checkpointing_enable()
+    try:
+        with pytest.raises(KeyError):
+            with unwrap_model_for_generation(model, trainer.accelerator):
+                assert not model.is_gradient_checkpointing
+                raise KeyError("inside the collect")
+        assert not model.is_gradient_checkpointing  # TRL's own: left off
+        model.gradient_checkpointing_enable()
+        with pytest.raises(KeyError):
+            with unwrap_for_generation(model, trainer.accelerator):
+                assert not model.is_gradient_checkpointing
+                raise KeyError("inside the collect")
+        assert model.is_gradient_checkpointing
+    finally:
+        model.gradient_checkpointing_disable()
