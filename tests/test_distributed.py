@@ -23,6 +23,7 @@ def _env():
 
 
 def launch(tmp_path, *extra, script_args=(), use_cpu=True):
+    """Run the script under `accelerate launch` with OUTPUT_DIR tmp_path/out; both ranks' report lines."""
     env = _env()
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
@@ -123,26 +124,53 @@ def test_prompt_too_long_on_one_rank_fails_its_trajectories_and_the_run_complete
     assert output.count("EVAL tasks=3 success=1.0") == 2
 
 
+def _zero3_sgd_config(tmp_path):
+    """The shipped ZeRO-3 CPU configs with the Trainer's optimizer (plain SGD, as in the one-process run) in place of
+    DeepSpeed's AdamW: (accelerate yaml, DeepSpeed json)."""
+    import json
+
+    ds = json.loads((ROOT / "configs" / "deepspeed_zero3_cpu.json").read_text())
+    del ds["optimizer"]
+    ds["zero_allow_untested_optimizer"] = True
+    ds_json = tmp_path / "zero3_sgd.json"
+    ds_json.write_text(json.dumps(ds))
+    config = tmp_path / "zero3_sgd.yaml"
+    config.write_text((ROOT / "configs" / "accelerate" / "deepspeed_zero3_cpu.yaml").read_text().replace(
+        "configs/deepspeed_zero3_cpu.json", str(ds_json)))
+    return config, ds_json
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
-def test_deepspeed_zero3_two_processes(tmp_path):
-    config = ROOT / "configs" / "accelerate" / "deepspeed_zero3_cpu.yaml"
-    output = launch(tmp_path, "--config_file", str(config), use_cpu=False,
-                    script_args=(str(ROOT / "configs" / "deepspeed_zero3_cpu.json"), "--budget", BUDGET))
+def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
+    """ZeRO-3 on 2 processes, gradient_accumulation_steps = steps_per_generation = 2, budget on; then its budget-off
+    twin (a second launch: accelerate allows one DeepSpeed Accelerator per process). Both updates equal the
+    one-process run over the same rows."""
+    config, ds_json = _zero3_sgd_config(tmp_path)
+    output = launch(tmp_path / "budget", "--config_file", str(config), use_cpu=False,
+                    script_args=(str(ds_json), "--accum", "--budget", BUDGET))
     assert output.count("dist=DEEPSPEED zero=3") == 2
     ranks = parse_ranks(output)
-    assert ranks[0][0] == [2, 4, 1, 3] and ranks[1][0] == [6, 8, 2, 0]
+    # one generation batch of 2 tasks per rank and step (tasks 1 and 3 on rank 0, 2 and 4 on rank 1, 2 rollouts
+    # each), then evaluation (tasks 1, 2, 3 one at a time; rank 1 ends with an empty chunk)
+    assert ranks[0][0] == [8, 8, 1, 3] and ranks[1][0] == [12, 12, 2, 0]
     assert ranks[0][2] == ranks[1][2] == 2 and output.count("EVAL tasks=3 success=1.0") == 2
+    # DeepSpeed's engine made one optimizer step per Trainer step (DeepSpeedStepGuard also checked after each)
+    assert parse_engine(output) == {0: (2, 2), 1: (2, 2)}
     forwards = _check_budget(output)
-    # one full parameter gather per training iteration for generation (TRL alone: one per turn, i.e. 3 then 4:
+    # one full parameter gather per training iteration for generation (TRL alone: one per turn:
     # `distributed_train.py ... --per-turn-gathers`); the scoring forwards fetch ZeRO-3 shards layer by layer.
     # The two evaluation collects gather nothing themselves: evaluate() holds one gather around all of them.
     assert forwards[0][2] == forwards[1][2] == [1, 1, 0, 0]
-    # ZeRO-3 cannot build the budget-off reference trainer in the same process (accelerate allows one DeepSpeed
-    # Accelerator), so only: the ranks agree on a non-zero update. Equality with the budget-off run was checked
-    # by running the script with and without --budget (same update norm to 6 digits; see the closing note).
     norms = [float(x) for x in re.findall(r"UPDATE \d norm=(\S+)", output)]
     assert len(norms) == 2 and norms[0] == norms[1] > 0
+    twin = launch(tmp_path / "twin", "--config_file", str(config), use_cpu=False,
+                  script_args=(str(ds_json), "--accum"))
+    assert parse_engine(twin) == {0: (2, 2), 1: (2, 2)}
+    budget = _load_update(str(tmp_path / "budget" / "out") + "-update.pt")
+    no_budget = _load_update(str(tmp_path / "twin" / "out") + "-update.pt")
+    assert _rel(budget, no_budget) < 1e-5
+    assert _rel(budget, one_process_update) < 1e-5 and _rel(no_budget, one_process_update) < 1e-5
 
 
 # ------------------------------------------------------------------------------------ accumulation vs one process
@@ -183,33 +211,3 @@ def test_accumulation_two_processes_equal_one_process(tmp_path, one_process_upda
                                                                             _rel(no_budget, single))
     forwards = parse_forwards(output)
     assert forwards[0][0] == forwards[1][0] > 4 and max(forwards[0][1] + forwards[1][1]) <= int(BUDGET)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
-def test_deepspeed_zero3_accumulation_equals_budget_off_twin_and_one_process(tmp_path, one_process_update):
-    """ZeRO-3, gradient_accumulation_steps = steps_per_generation = 2, budget on, and its budget-off twin (a second
-    launch: accelerate allows one DeepSpeed Accelerator per process): the engine made exactly one optimizer step per
-    Trainer step (also checked after every step by DeepSpeedStepGuard) and both updates equal the one-process run."""
-    import json
-
-    # the shipped ZeRO-3 CPU config with the Trainer's optimizer (plain SGD, as in the one-process run) instead of
-    # DeepSpeed's AdamW
-    ds = json.loads((ROOT / "configs" / "deepspeed_zero3_cpu.json").read_text())
-    del ds["optimizer"]
-    ds["zero_allow_untested_optimizer"] = True
-    ds_json = tmp_path / "zero3_sgd.json"
-    ds_json.write_text(json.dumps(ds))
-    config = tmp_path / "zero3_sgd.yaml"
-    config.write_text((ROOT / "configs" / "accelerate" / "deepspeed_zero3_cpu.yaml").read_text().replace(
-        "configs/deepspeed_zero3_cpu.json", str(ds_json)))
-    ds_json = str(ds_json)
-    updates = {}
-    for name, budget in (("budget", ("--budget", BUDGET)), ("twin", ())):
-        output = launch(tmp_path / name, "--config_file", str(config), use_cpu=False,
-                        script_args=(ds_json, "--accum", *budget))
-        assert output.count("dist=DEEPSPEED zero=3") == 2
-        assert parse_engine(output) == {0: (2, 2), 1: (2, 2)}
-        updates[name] = _load_update(str(tmp_path / name / "out") + "-update.pt")
-    assert _rel(updates["budget"], updates["twin"]) < 1e-5
-    assert _rel(updates["budget"], one_process_update) < 1e-5 and _rel(updates["twin"], one_process_update) < 1e-5

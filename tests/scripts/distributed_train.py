@@ -183,9 +183,8 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
 
     trainer.args.per_device_eval_batch_size = 1
     trainer.collector.collect = counting_gathers(counting)  # evaluation: per collect
-    if not accum:  # (the --accum runs compare updates only)
-        metrics = trainer.evaluate(datasets.Dataset.from_dict({"task": [1, 2, 3], "seed": [0, 0, 0]}))
-        report(f"EVAL tasks={int(metrics['eval_num_tasks'])} success={metrics['eval_success_rate']}")
+    metrics = trainer.evaluate(datasets.Dataset.from_dict({"task": [1, 2, 3], "seed": [0, 0, 0]}))
+    report(f"EVAL tasks={int(metrics['eval_num_tasks'])} success={metrics['eval_success_rate']}")
     rank = trainer.accelerator.process_index
     plugin = trainer.accelerator.state.deepspeed_plugin
     zero = plugin.zero_stage if plugin is not None else None
