@@ -34,12 +34,12 @@ from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .microbatch import drop_filler_rows, pack_rows, row_lengths, scoring_sub_batches, sub_batch_widths, take_rows
-from .numerics import (DeepSpeedStepGuard, current_policy_as_old, install_mask_positions, is_on_policy_micro_step,
-                       unwrap_for_generation)
+from .numerics import (DeepSpeedStepGuard, Fp32GradAccumulator, current_policy_as_old, install_mask_positions,
+                       is_on_policy_micro_step, unwrap_for_generation)
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
 from .vllm_glue import (check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
-                        server_weight_sync_guard,
-                        shutdown_engine_before_end_training, skip_initial_server_sync, vllm_max_model_len)
+                        server_weight_sync_guard, shutdown_engine_before_end_training, skip_initial_server_sync,
+                        vllm_max_model_len)
 
 logger = logging.getLogger(__name__)
 
@@ -643,12 +643,20 @@ class GiGPOTrainer(GRPOTrainer):
         before = {key: len(values) for key, values in self._metrics[mode].items()}
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         done = None
+        # bf16 weights: the sub-batches' gradients summed in fp32 (not under DeepSpeed/FSDP, which own them)
+        fp32 = Fp32GradAccumulator.for_model(model, self.accelerator.distributed_type not in (
+            DistributedType.DEEPSPEED, DistributedType.FSDP)) if len(subs) > 1 else None
         with self._ragged_gather():
             for sub, scale in subs[:-1]:
                 with self._gradient_sync_deferred(model):
+                    if fp32 is not None:
+                        fp32.stash()
                     loss = super().compute_loss(model, sub) * scale
                     self.accelerator.backward(loss, **kwargs)
                 done = loss.detach() if done is None else done + loss.detach()
+            if fp32 is not None:
+                fp32.stash()
+                fp32.restore()
             sub, scale = subs[-1]
             loss = super().compute_loss(model, sub) * scale
         self._merge_sub_batch_metrics(mode, before, weights)
