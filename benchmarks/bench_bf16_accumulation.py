@@ -7,8 +7,8 @@ each sub-batch holds one row), both in bf16, against the fp32 gradient of the sa
 
     python benchmarks/bench_bf16_accumulation.py [--rows 16] [--hidden 64] [--length 96]
 
-Prints the relative error ‖g − g_fp32‖ / ‖g_fp32‖ of each bf16 gradient, and the same for fp32 accumulation of the
-16 bf16 sub-batch gradients (the alternative: an fp32 buffer).
+Prints the relative error ‖g − g_fp32‖ / ‖g_fp32‖ of each bf16 gradient, and the same for fp32 accumulation of
+the 16 bf16 sub-batch gradients (the alternative: an fp32 buffer).
 """
 
 from __future__ import annotations

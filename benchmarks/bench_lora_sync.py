@@ -101,7 +101,8 @@ def run(way: str, syncs: int, hidden: int) -> dict:
             reference = fp32_reference(model)
             assert sent.keys() == reference.keys(), sorted(set(sent) ^ set(reference))[:5]
             worst_ulps = max(worst_ulps, max(ulps(sent[n], reference[n]) for n in sent))
-            off = max(off, sum(int((sent[n] != reference[n]).sum()) for n in sent) / sum(t.numel() for t in sent.values()))
+            differ = sum(int((sent[n] != reference[n]).sum()) for n in sent)
+            off = max(off, differ / sum(t.numel() for t in sent.values()))
         if k == 0:
             moved_after_1 = moved_share(model, initial)
         step_adapter(model, gen)

@@ -630,7 +630,10 @@ class GiGPOTrainer(GRPOTrainer):
         all-reduce (DDP) and DeepSpeed's step held until the last one, which is returned for
         ``Trainer.training_step`` to backward; the returned value is the whole micro-batch loss. Each sub-batch loss
         is weighted (:meth:`_sub_batch_scale`) so that the summed gradient equals the unsplit one; every rank runs
-        the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step.
+        the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step. With bf16
+        trainable weights the sub-batches' gradients are summed in fp32 (:class:`~gigpo_trl.numerics.
+        Fp32GradAccumulator`). Without a budget the filler rows are dropped before TRL's loss
+        (:func:`~gigpo_trl.microbatch.drop_filler_rows`).
         """
         budget = self.args.max_tokens_per_microbatch
         if return_outputs or budget is None or not (self.model.training and torch.is_grad_enabled()):

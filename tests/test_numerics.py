@@ -339,7 +339,7 @@ def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
 def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
     """One row per sub-batch (32 sub-batches) on the bf16 model, against the fp32 gradient of the same weights:
     summed in fp32 the relative error is 2.6e-2, summed in the bf16 .grad 5.7e-2; one unsplit bf16 backward of the
-    32 padded rows is 3.4e-1 (its error grows with the rows and padding of the forward: 1.1e-1 at 4 rows per forward)."""
+    32 padded rows is 3.4e-1 (its error grows with the rows and padding of a forward: 1.1e-1 at 4 rows each)."""
     from gigpo_trl import numerics
 
     trainer, rows = bf16_trainer
