@@ -373,3 +373,34 @@ def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
     assert len(rows) >= 16
     assert rel(split_fp32) < rel(one)
     assert rel(split_bf16) > 1.5 * rel(split_fp32)
+
+
+def test_budget_off_moe_aux_loss_keeps_trls_scaling(bf16_trainer, tmp_path, tiny_tokenizer):
+    """The same for the MoE load-balancing loss (router_aux_loss_coef), which the budget refuses but the budget-off
+    path must scale as TRL does: our loss on 10 rollout rows + 6 filler is TRL's loss on the 10 rows."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    from trl import GRPOTrainer
+
+    _, rows = bf16_trainer
+    torch.manual_seed(0)
+    config = Qwen2MoeConfig(
+        vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, router_aux_loss_coef=0.5, output_router_logits=True,
+        pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
+    )
+    args = make_args(tmp_path, max_tokens_per_microbatch=None, loss_type="grpo")
+    trainer = GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyCorridorEnv, args=args,
+                           processing_class=tiny_tokenizer)
+    assert trainer.aux_loss_enabled
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    padded = trainer._rows_to_batch(rows[:10], torch.linspace(-1, 1, 10).numpy(), [16], "train")
+    alone = {k: (v[:10] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in padded.items()}
+    with torch.no_grad():
+        ours = float(trainer.compute_loss(trainer.model, padded))
+        trl_own = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
+        trainer.router_aux_loss_coef = 0.0
+        without_aux = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
+    assert abs(trl_own - without_aux) > 0.1  # the aux loss takes part
+    assert ours == pytest.approx(trl_own, rel=1e-6, abs=1e-7)
