@@ -17,7 +17,6 @@ import argparse
 import copy
 import os
 import sys
-from types import SimpleNamespace
 
 import torch
 
@@ -27,35 +26,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 def build(hidden: int, seed: int = 0):
     """A bf16 Qwen2 (random weights) with LoRA r=8 on every linear layer, its B factors non-zero (a trained
     adapter; PEFT initialises B to 0, whose merge would change nothing)."""
-    from peft import LoraConfig, get_peft_model
-
-    from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
+    from gigpo_trl.models import build_tiny_tokenizer
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from conftest import CORPUS
+    from conftest import CORPUS, LINEAR_MODULES, tiny_lora_model
 
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
-    model = build_tiny_model(tokenizer, hidden_size=hidden, seed=seed).to(torch.bfloat16)
-    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    model = get_peft_model(model, config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    return model
-
-
-def vllm_generation(model):
-    """A ``VLLMGeneration`` holding ``model`` without starting vLLM: the attributes ``_iter_named_params`` reads."""
-    from trl.distributed import DistributedBackend
-    from trl.generation.vllm_generation import VLLMGeneration
-
-    vg = VLLMGeneration.__new__(VLLMGeneration)
-    vg.model = model
-    vg._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None)))
-    return vg
+    return tiny_lora_model(tokenizer, hidden, r=8, target_modules=LINEAR_MODULES, b_scale=0.02, seed=seed)
 
 
 def base_weights(model) -> dict[str, torch.Tensor]:
@@ -86,17 +63,18 @@ def step_adapter(model, gen, lr=1e-3):
 
 
 def run(way: str, syncs: int, hidden: int) -> dict:
+    from gigpo_trl import trl_compat
     from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
 
     model = build(hidden)
-    vg = vllm_generation(model)
+    vg = trl_compat.bare_vllm_generation(model)
     if way == "out_of_place":
         assert install_out_of_place_lora_sync(vg)
     initial = base_weights(model)
     gen = torch.Generator().manual_seed(1)
     worst_ulps, off, moved_after_1 = 0, 0.0, None
     for k in range(syncs):
-        sent = {n: t.clone() for n, t in vg._iter_named_params()}  # TRL unmerges in place after the walk
+        sent = {n: t.clone() for n, t in trl_compat.iter_named_params(vg)}  # TRL unmerges in place after the walk
         if k in (0, syncs - 1):
             reference = fp32_reference(model)
             assert sent.keys() == reference.keys(), sorted(set(sent) ^ set(reference))[:5]

@@ -22,9 +22,9 @@ private name                                                 use       contract 
 ``GRPOTrainer._step``                                        r/w       ``test_rollout_position``
 ``GRPOTrainer._buffered_inputs``                             r/w       ``test_rollout_position``
 ``GRPOTrainer._prepare_inputs(generation_batch)``            hook      ``test_prepare_inputs_hook``
-``GRPOTrainer._compute_loss`` π_old = own log-probs if absent  mirror    ``test_prepare_inputs_hook``
+``GRPOTrainer._compute_loss``: no π_old → own log-probs      relies    ``test_prepare_inputs_hook``
 ``GRPOTrainer._entropy_bonus_enabled`` (tests only)          write     ``test_entropy_bonus_flag``
-TRL's forwards pass no ``position_ids`` (backbone pre-hook)   patch     ``test_forward_positions_from_mask``
+TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_forward_positions_from_mask``
 ``GRPOTrainer._tag_names / _name / _paper``                  class     ``test_model_card_class_attributes``
 ``GRPOTrainer._generate_single_turn(ids, images, mm, n)``    call      ``test_generate_single_turn``
 ``GRPOTrainer._tokenize_prompts(prompts)``                   call      ``test_tokenize_prompts``
@@ -38,7 +38,7 @@ TRL's forwards pass no ``position_ids`` (backbone pre-hook)   patch     ``test_f
 ``GRPOTrainer._last_loaded_step``                            write     ``test_last_loaded_step``
 ``VLLMGeneration._iter_named_params()``                      call      ``test_iter_named_params``
 ``VLLMGeneration._iter_named_params``                        write     ``test_vllm_weight_walk``
-``VLLMGeneration._dist.gather_params(params) / .is_fsdp``    call      ``test_vllm_weight_walk``
+``VLLMGeneration._dist.gather_params(params) / .is_fsdp``    r/w       ``test_vllm_weight_walk``
 ``VLLMGeneration._fix_param_name_to_vllm(name, prefixes)``   call      ``test_vllm_weight_walk``
 ``PretrainedConfig._name_or_path``                           r/w       ``test_config_name_or_path``
 ``GradientState._set_sync_gradients(flag)``                  call      ``test_set_sync_gradients``
@@ -136,6 +136,22 @@ def set_entropy_coef(trainer, coef: float) -> None:
 
 
 # ---------------------------------------------------------------- TRL VLLMGeneration: the weight walk
+def bare_vllm_generation(model):
+    """A ``VLLMGeneration`` holding ``model`` without starting vLLM (tests, benchmarks): what its weight walk reads.
+    Relies on ``_iter_named_params`` reading only ``model`` and ``_dist`` (a ``DistributedBackend``, here without
+    DeepSpeed or FSDP) outside FSDP."""
+    from types import SimpleNamespace
+
+    from trl.distributed import DistributedBackend
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    vllm_generation = VLLMGeneration.__new__(VLLMGeneration)
+    vllm_generation.model = model
+    vllm_generation._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None,
+                                                                                     fsdp_plugin=None)))
+    return vllm_generation
+
+
 def vllm_gather_params(vllm_generation, params: list):
     """Context manager holding ``params`` gathered (ZeRO-3; no-op otherwise and under FSDP) for the duration of a
     weight walk. Relies on ``VLLMGeneration._dist`` (a ``trl.distributed.DistributedBackend``) and its

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_lora_model
 from toy_env import NoisyCorridorEnv
 from test_trainer import capture_rollouts, make_args
 
@@ -17,33 +18,6 @@ from gigpo_trl.numerics import DeepSpeedStepGuard, install_mask_positions, posit
 
 
 # ---------------------------------------------------------------------------------------------- LoRA sync
-def _lora_bf16_model(tokenizer):
-    from peft import LoraConfig, get_peft_model
-
-    from gigpo_trl.models import build_tiny_model
-
-    model = build_tiny_model(tokenizer, hidden_size=64).to(torch.bfloat16)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                             target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # a trained adapter: PEFT starts B at 0, whose merge would change nothing
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    return model
-
-
-def _vllm_generation(model):
-    """TRL's VLLMGeneration holding ``model``, without starting vLLM (the attributes its weight walk reads)."""
-    from trl.distributed import DistributedBackend
-    from trl.generation.vllm_generation import VLLMGeneration
-
-    vg = VLLMGeneration.__new__(VLLMGeneration)
-    vg.model = model
-    vg._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None)))
-    return vg
-
-
 def _ordered(x):
     """bf16 bit patterns as integers ordered like the values: a difference of 1 is one ulp."""
     i = x.contiguous().view(torch.int16).to(torch.int32)
@@ -53,18 +27,18 @@ def _ordered(x):
 def test_lora_sync_never_writes_base_weights_and_sends_the_fp32_merge(tiny_tokenizer):
     from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
 
-    model = _lora_bf16_model(tiny_tokenizer)
-    vg = _vllm_generation(model)
+    model = tiny_lora_model(tiny_tokenizer)
+    vg = trl_compat.bare_vllm_generation(model)
     initial = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     # TRL's own walk, once, on a copy: the in-place merge/unmerge moves base weights (what this replaces)
     trl_copy = copy.deepcopy(model)
-    list(_vllm_generation(trl_copy)._iter_named_params())
+    list(trl_compat.iter_named_params(trl_compat.bare_vllm_generation(trl_copy)))
     moved = sum(int((p != initial[n]).sum()) for n, p in trl_copy.named_parameters() if n in initial)
     assert moved > 0
     assert install_out_of_place_lora_sync(vg)
     gen = torch.Generator().manual_seed(1)
     for k in range(300):
-        sent = {name: t.clone() for name, t in vg._iter_named_params()}
+        sent = {name: t.clone() for name, t in trl_compat.iter_named_params(vg)}
         if k in (0, 150, 299):
             # the reference: PEFT's merge on an fp32 copy, cast to bf16 once
             reference = {n: p.detach().to(torch.bfloat16)

@@ -371,22 +371,15 @@ def test_vllm_weight_walk(tiny_tokenizer):
     import copy
 
     from peft import LoraConfig, get_peft_model
-    from trl.distributed import DistributedBackend
-    from trl.generation.vllm_generation import VLLMGeneration
 
     from gigpo_trl.models import build_tiny_model
     from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
 
-    def generation(model):
-        vg = VLLMGeneration.__new__(VLLMGeneration)
-        vg.model = model
-        vg._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None)))
-        return vg
-
+    generation = trl_compat.bare_vllm_generation
     model = get_peft_model(build_tiny_model(tiny_tokenizer, hidden_size=32),
                            LoraConfig(r=2, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     with contract("VLLMGeneration._dist / _fix_param_name_to_vllm / _iter_named_params"):
-        trl_names = [name for name, _ in generation(copy.deepcopy(model))._iter_named_params()]
+        trl_names = [name for name, _ in trl_compat.iter_named_params(generation(copy.deepcopy(model)))]
         vg = generation(model)
         assert trl_compat.vllm_uses_fsdp(vg) is False
         with trl_compat.vllm_gather_params(vg, list(model.parameters())):
