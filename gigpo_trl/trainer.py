@@ -322,7 +322,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             "completion_mask": completion_mask,
             "advantages": torch.tensor(adv, dtype=torch.float32, device=device),
             "num_items_in_batch": num_items_in_batch,
-            # 1 for a rollout row, 0 for filler: row-normalised losses divide by real rows (see _sub_batch_scale)
+            # 1 for a rollout row, 0 for filler: row-mean losses count rollout rows only (see TokenBudgetMixin)
             "real_row_mask": torch.tensor([1] * len(rows) + [0] * (target - len(rows)), device=device),
         }
         output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode,
