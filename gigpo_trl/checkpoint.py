@@ -5,7 +5,8 @@ Three things on top of TRL/Trainer's own checkpointing:
 - **rollout position**: TRL keeps its place in the generation cycle in the micro-step counter and the buffered
   generation batch (see :func:`gigpo_trl.trl_compat.rollout_position`); they are saved per process as
   ``gigpo_rollout_state_<rank>.pt`` next to Trainer's files and restored on resume, so a resumed run continues the
-  cycle instead of regenerating at once.
+  cycle instead of regenerating at once; a resume with another number of processes is refused
+  (:func:`check_checkpoint_world_size`).
 - **token scrub**: the config file that Trainer writes (``training_args.bin``) and pushes carries no Hub token
   (:func:`gigpo_trl.config.scrubbed_tokens`), while the live config keeps it.
 - **model card**: TRL's and PEFT's cards name the base model by its Hub id, not a local cache path
@@ -18,6 +19,7 @@ are TRL/Trainer private methods, listed with their contract tests in :mod:`gigpo
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 
 import torch
@@ -29,6 +31,20 @@ from .models import hub_model_id
 
 # Per-process rollout state written into every checkpoint next to TRL/Trainer's files (see _save_checkpoint).
 ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
+
+
+def check_checkpoint_world_size(checkpoint: str, world_size: int) -> None:
+    """Refuse to resume from ``checkpoint`` with another number of processes than the one that saved it: each rank's
+    rollout buffer (``ROLLOUT_STATE_NAME``) holds that rank's rows, so another world size would train on the wrong
+    ones. Checkpoints without rollout state files (``save_only_model``, older versions) pass.
+
+    Raises:
+        ValueError: one line naming both process counts.
+    """
+    saved = len(glob.glob(os.path.join(glob.escape(checkpoint), ROLLOUT_STATE_NAME.format(rank="*"))))
+    if saved and saved != world_size:
+        raise ValueError(f"checkpoint {checkpoint} was saved by {saved} processes but this run has {world_size}; "
+                         f"resume with {saved} processes (its rollout buffers are per process)")
 
 
 class CheckpointMixin:
@@ -63,6 +79,8 @@ class CheckpointMixin:
             super()._push_from_checkpoint(checkpoint_folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is not None:
+            check_checkpoint_world_size(checkpoint, self.accelerator.num_processes)
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return

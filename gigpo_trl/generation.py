@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from trl.models import unwrap_model_for_generation
+from .numerics import unwrap_for_generation
 
 
 class GenerationContextMixin:
@@ -24,7 +24,7 @@ class GenerationContextMixin:
         if self.use_vllm or plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
             yield
             return
-        with unwrap_model_for_generation(
+        with unwrap_for_generation(  # TRL's unwrap, its hooks restored also when the collect raises
             self.model_wrapped, self.accelerator, gather_deepspeed3_params=True,
             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
         ):

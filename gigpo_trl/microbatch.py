@@ -124,3 +124,47 @@ def sub_batch_widths(
     wp = max(max(1, int(prompt_lengths[i])) for i in rows)
     wc = max(max(1, int(completion_lengths[i])) for i in rows)
     return padded(wp, pad_to_multiple_of), padded(wc, pad_to_multiple_of)
+
+
+def scoring_sub_batches(
+    prompt_lengths: Sequence[int],
+    completion_width: int,
+    max_tokens: int,
+    pad_to_multiple_of: int | None = None,
+    filler_rows: Sequence[int] = (),
+) -> list[tuple[list[int], int, int]]:
+    """Forwards of a no-grad scoring pass (old / reference log-probs) under a padded-token budget.
+
+    Rollout rows are packed by :func:`pack_rows` at the batch's full ``completion_width`` (a training sub-batch of
+    another width reads the scored values at masked positions too, so every column gets a real value) and their
+    longest prompt; ``filler_rows`` (zero-mask rows that pad a rank, never trained on past their first column) are
+    scored at one prompt and one completion token, ``max_tokens // 2`` of them per forward.
+
+    Returns:
+        ``[(rows, prompt width, completion width)]``: every row index in ``range(len(prompt_lengths))`` once.
+    """
+    filler = sorted({int(i) for i in filler_rows})
+    skip = set(filler)
+    real = [i for i in range(len(prompt_lengths)) if i not in skip]
+    widths = [completion_width] * len(prompt_lengths)
+    out = []
+    for packed in pack_rows([prompt_lengths[i] for i in real], [completion_width] * len(real), max_tokens,
+                            pad_to_multiple_of):
+        rows = [real[j] for j in packed]
+        out.append((rows, sub_batch_widths(prompt_lengths, widths, rows, pad_to_multiple_of)[0], completion_width))
+    per = max(1, max_tokens // 2)
+    out += [(filler[k : k + per], 1, 1) for k in range(0, len(filler), per)]
+    return out
+
+
+def drop_filler_rows(inputs: dict) -> dict:
+    """TRL's batch dict without the zero-mask filler rows of ``real_row_mask == 0`` (all columns kept); with no rollout
+    row at all, one filler row trimmed to one prompt and one completion column, so a forward still runs. Unchanged
+    when there is no ``real_row_mask`` or no filler row."""
+    real = inputs.get("real_row_mask")
+    if real is None or bool(real.all()):
+        return inputs
+    rows = torch.nonzero(real).flatten().tolist()
+    if rows:
+        return take_rows(inputs, rows, inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1))
+    return take_rows(inputs, [0], 1, 1)

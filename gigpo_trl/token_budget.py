@@ -18,12 +18,14 @@ import torch
 from accelerate.utils import DistributedType
 
 from . import trl_compat
-from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
+from .microbatch import drop_filler_rows, pack_rows, row_lengths, scoring_sub_batches, sub_batch_widths, take_rows
+from .numerics import Fp32GradAccumulator
 
 
 class TokenBudgetMixin:
     """``compute_loss`` in sub-batches of at most ``args.max_tokens_per_microbatch`` padded tokens (mixed into a
-    ``GRPOTrainer`` subclass, before it in the bases; ``None`` budget: TRL's loss, rescaled for filler rows)."""
+    ``GRPOTrainer`` subclass, before it in the bases; ``None`` budget: TRL's loss on the rollout rows, filler rows
+    dropped)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss on one micro-batch, run as sub-batches of at most ``max_tokens_per_microbatch`` padded tokens.
@@ -33,24 +35,36 @@ class TokenBudgetMixin:
         all-reduce (DDP) and DeepSpeed's step held until the last one, which is returned for
         ``Trainer.training_step`` to backward; the returned value is the whole micro-batch loss. Each sub-batch loss
         is weighted (:meth:`_sub_batch_scale`) so that the summed gradient equals the unsplit one; every rank runs
-        the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step.
+        the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step. With bf16
+        trainable weights the sub-batches' gradients are summed in fp32 (:class:`~gigpo_trl.numerics.
+        Fp32GradAccumulator`). Without a budget the filler rows are dropped before TRL's loss
+        (:func:`~gigpo_trl.microbatch.drop_filler_rows`).
         """
         budget = self.args.max_tokens_per_microbatch
         if return_outputs or budget is None or not (self.model.training and torch.is_grad_enabled()):
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            scale = self._sub_batch_scale(inputs, inputs)
-            return loss if scale == 1.0 else loss * scale
+            # Without the filler rows TRL's row-mean normalisers count rollout rows only, and its entropy bonus and
+            # MoE aux loss keep their own scaling (a B/R factor on the whole loss would scale those too).
+            with self._ragged_gather():  # ranks may now hold different row counts
+                return super().compute_loss(model, drop_filler_rows(inputs), return_outputs, num_items_in_batch)
         mode = "train"
         subs, weights = self._split_for_budget(inputs, budget)
         before = {key: len(values) for key, values in trl_compat.metrics(self, mode).items()}
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         done = None
+        # bf16 weights: the sub-batches' gradients summed in fp32 (not under DeepSpeed/FSDP, which own them)
+        fp32 = Fp32GradAccumulator.for_model(model, self.accelerator.distributed_type not in (
+            DistributedType.DEEPSPEED, DistributedType.FSDP)) if len(subs) > 1 else None
         with self._ragged_gather():
             for sub, scale in subs[:-1]:
                 with self._gradient_sync_deferred(model):
+                    if fp32 is not None:
+                        fp32.stash()
                     loss = super().compute_loss(model, sub) * scale
                     self.accelerator.backward(loss, **kwargs)
                 done = loss.detach() if done is None else done + loss.detach()
+            if fp32 is not None:
+                fp32.stash()
+                fp32.restore()
             sub, scale = subs[-1]
             loss = super().compute_loss(model, sub) * scale
         self._merge_sub_batch_metrics(mode, before, weights)
@@ -62,9 +76,10 @@ class TokenBudgetMixin:
         TRL's normaliser per ``loss_type`` (``GRPOTrainer._compute_loss``): ``dapo``/``cispo``/``vespo`` divide by
         the global token count (already the same for every sub-batch: weight 1); ``bnpo`` by the forward's own
         tokens (weight = sub tokens / micro-batch tokens); ``grpo``/``sapo``/``luspo`` average per-row values and
-        ``dr_grpo`` divides by rows × ``max_completion_length`` (weight = sub rows / micro-batch rows). Rows counts
-        exclude the zero-mask filler rows of :meth:`_rows_to_batch` (``real_row_mask``), which TRL would count:
-        with ``sub is whole`` this is the whole correction (e.g. 10 real rows + 6 filler: weight 16/10).
+        ``dr_grpo`` divides by rows × ``max_completion_length`` (weight = sub rows / micro-batch rows). Row counts
+        exclude the zero-mask filler rows of :meth:`_rows_to_batch` (``real_row_mask``), which TRL would count
+        (e.g. 10 rollout rows + 6 filler, a sub-batch of 4 rollout rows: weight 4/10). Without a budget no weight is
+        applied: the filler rows are dropped before TRL's loss instead (:meth:`compute_loss`).
         """
         if self.loss_type == "bnpo":
             def tokens(b):
@@ -192,33 +207,38 @@ class TokenBudgetMixin:
             del values[start:]
             values.append(merged)
 
-    def _score_in_budget(self, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int):
+    def _score_in_budget(self, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int,
+                         real_rows: int | None = None):
         """Per-token log-probs ``(B, logits_to_keep)`` of the no-grad old/reference passes, in forwards of at most
         ``max_tokens_per_microbatch`` padded tokens (``None``: TRL's chunks of ``batch_size`` rows).
 
-        Only prompt padding is trimmed: completions keep the batch's full width, because a training sub-batch of
-        another width reads these values at masked positions too (``exp(ref - logp)`` there must stay finite).
-        Every rank runs the same number of forwards (ZeRO-3 gathers parameters in each).
+        Only prompt padding is trimmed for rollout rows: completions keep the batch's full width, because a training
+        sub-batch of another width reads these values at masked positions too (``exp(ref - logp)`` there must stay
+        finite). Filler rows (index ``>= real_rows``) are scored at one token (:func:`scoring_sub_batches`); their
+        other columns are 0 and never read. Every rank runs the same number of forwards (ZeRO-3 gathers parameters
+        in each).
         """
         budget = self.args.max_tokens_per_microbatch
         if budget is None:
             return trl_compat.per_token_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size)
         width = input_ids.size(1) - logits_to_keep  # prompt columns
         p_len = attention_mask[:, :width].sum(dim=1).tolist()
-        c_len = [logits_to_keep] * input_ids.size(0)
-        bins = pack_rows(p_len, c_len, budget, self.pad_to_multiple_of)
+        n = input_ids.size(0)
+        filler = range(n if real_rows is None else real_rows, n)
+        bins = scoring_sub_batches(p_len, logits_to_keep, budget, self.pad_to_multiple_of, filler)
         n_max, _ = self._agree_on_sub_batches(len(bins), [0.0] * len(bins))
         out = None
         for i in range(n_max):
-            rows = bins[i] if i < len(bins) else [0]  # a short rank repeats a one-token-prompt forward of row 0
-            wp = min(width, sub_batch_widths(p_len, c_len, rows, self.pad_to_multiple_of)[0]) if i < len(bins) else 1
+            # a short rank repeats a one-token forward of row 0
+            rows, wp, wc = bins[i] if i < len(bins) else ([0], 1, 1)
+            wp = min(width, wp)
             index = torch.tensor(rows, device=input_ids.device)
             logps = trl_compat.per_token_logps(
-                self, model, input_ids[index, width - wp :], attention_mask[index, width - wp :], logits_to_keep
+                self, model, input_ids[index, width - wp : width + wc], attention_mask[index, width - wp : width + wc],
+                wc,
             )
             if out is None:
-                out = logps.new_zeros((input_ids.size(0), logits_to_keep))
+                out = logps.new_zeros((n, logits_to_keep))
             if i < len(bins):
-                out[index] = logps
+                out[index, :wc] = logps
         return out
-

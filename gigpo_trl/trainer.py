@@ -8,7 +8,8 @@ sub-batches) → evaluate. The other concerns live in their own modules, mixed i
 - :mod:`gigpo_trl.checks`: environment, dataset and prompt-limit checks at init;
 - :mod:`gigpo_trl.token_budget`: ``compute_loss`` in sub-batches of at most ``max_tokens_per_microbatch`` tokens;
 - :mod:`gigpo_trl.checkpoint`: rollout position in checkpoints, token scrub, model card;
-- :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction;
+- :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
+- :mod:`gigpo_trl.numerics`: bf16 safeguards (positions from the mask, exact on-policy ratio, DeepSpeed step guard);
 - :mod:`gigpo_trl.trl_compat`: every private attribute of TRL / transformers / accelerate that the package uses.
 
 The optimizer, logging, checkpoint files, PEFT, DeepSpeed and vLLM paths stay TRL's.
@@ -41,16 +42,18 @@ from .config import GiGPOConfig
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .dynamic_sampling import DynamicSamplingMixin
 from .generation import GenerationContextMixin
+from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
-from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate_sync, server_weight_sync_guard,
-                        shutdown_engine_before_end_training, skip_initial_server_sync, vllm_max_model_len)
+from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
+                        server_weight_sync_guard, shutdown_engine_before_end_training, skip_initial_server_sync,
+                        vllm_max_model_len)
 
 logger = logging.getLogger(__name__)
 
 
 class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, DynamicSamplingMixin, GenerationContextMixin,
-                   GRPOTrainer):
+                   ExactOnPolicyRatioMixin, GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -145,6 +148,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         self._vllm_no_sync_message = server_sync.message
         if self.use_vllm:
             install_cpu_colocate_sync(self.vllm_generation)  # colocate on vLLM's CPU backend
+            install_out_of_place_lora_sync(self.vllm_generation)  # LoRA: never write the base weights
             shutdown_engine_before_end_training(self)
             if server_sync.message is not None:
                 skip_initial_server_sync(self)
@@ -156,6 +160,10 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             )
         if args.disable_dropout:
             disable_attention_dropout(self.model)
+        for m in (self.model, self.ref_model):  # positions from the attention mask: padding-invariant forwards
+            if m is not None:
+                install_mask_positions(m)
+        self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))  # one engine step per optimizer step
         if getattr(trl_compat.tokenizer(self), "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
@@ -314,15 +322,17 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             "completion_mask": completion_mask,
             "advantages": torch.tensor(adv, dtype=torch.float32, device=device),
             "num_items_in_batch": num_items_in_batch,
-            # 1 for a rollout row, 0 for filler: row-normalised losses divide by real rows (see _sub_batch_scale)
+            # 1 for a rollout row, 0 for filler: row-mean losses count rollout rows only (see TokenBudgetMixin)
             "real_row_mask": torch.tensor([1] * len(rows) + [0] * (target - len(rows)), device=device),
         }
-        output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode))
+        output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode,
+                                        real_rows=len(rows)))
         return output
 
-    def _score_logps(self, prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode) -> dict:
+    def _score_logps(self, prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode,
+                     real_rows: int | None = None) -> dict:
         """The old / reference / sampling log-probs and vLLM importance-sampling ratio, under the same conditions
-        as ``GRPOTrainer._generate_and_score_completions`` computes them."""
+        as ``GRPOTrainer._generate_and_score_completions`` computes them. Rows from ``real_rows`` on are filler."""
         out: dict[str, torch.Tensor] = {}
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -334,16 +344,17 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
                 out["old_per_token_logps"] = self._score_in_budget(
-                    self.model, input_ids, attention_mask, logits_to_keep, batch_size
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size, real_rows
                 )
             if self.beta != 0.0:
                 if self.ref_model is not None:
-                    ref = self._score_in_budget(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size)
+                    ref = self._score_in_budget(self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                real_rows)
                 else:
                     unwrapped = self.accelerator.unwrap_model(self.model)
                     with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
                         ref = self._score_in_budget(self.model, input_ids, attention_mask, logits_to_keep,
-                                                    batch_size)
+                                                    batch_size, real_rows)
                 out["ref_per_token_logps"] = ref
         if self.use_vllm and (have_sampling or is_correction):
             sampling = self._sampling_logps(logps_list, completion_ids)
@@ -373,9 +384,11 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         if mode == "train":
             self.state.num_input_tokens_seen += int(totals[1] + totals[2])
         metrics["rollout/rows"] = float(totals[0])
-        metrics["rollout/generate_calls"] = float(batch.num_generate_calls)
-        metrics["rollout/max_prompt_tokens"] = float(batch.max_prompt_tokens)
-        metrics["rollout/seconds"] = t_rollout
+        # over all ranks: the most generate calls, the longest prompt, the slowest rollout
+        peaks = torch.tensor([batch.num_generate_calls, batch.max_prompt_tokens, t_rollout], dtype=torch.float32,
+                             device=self.accelerator.device)
+        (metrics["rollout/generate_calls"], metrics["rollout/max_prompt_tokens"],
+         metrics["rollout/seconds"]) = self.accelerator.gather(peaks).view(-1, 3).amax(dim=0).tolist()
         metrics["rollout/advantage_seconds"] = t_adv
         metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
         # TRL's clipped / terminated completion metrics; an empty completion was not cut at the limit

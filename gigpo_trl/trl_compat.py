@@ -21,6 +21,10 @@ private name                                                 use       contract 
 ``Trainer._get_output_dir(trial)``                           call      ``test_get_output_dir``
 ``GRPOTrainer._step``                                        r/w       ``test_rollout_position``
 ``GRPOTrainer._buffered_inputs``                             r/w       ``test_rollout_position``
+``GRPOTrainer._prepare_inputs(generation_batch)``            hook      ``test_prepare_inputs_hook``
+``GRPOTrainer._compute_loss``: no π_old → own log-probs      relies    ``test_prepare_inputs_hook``
+``GRPOTrainer._entropy_bonus_enabled`` (tests only)          write     ``test_entropy_bonus_flag``
+TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_forward_positions_from_mask``
 ``GRPOTrainer._tag_names / _name / _paper``                  class     ``test_model_card_class_attributes``
 ``GRPOTrainer._generate_single_turn(ids, images, mm, n)``    call      ``test_generate_single_turn``
 ``GRPOTrainer._tokenize_prompts(prompts)``                   call      ``test_tokenize_prompts``
@@ -33,6 +37,9 @@ private name                                                 use       contract 
 ``GRPOTrainer._tokenizer``                                   read      ``test_tokenizer``
 ``GRPOTrainer._last_loaded_step``                            write     ``test_last_loaded_step``
 ``VLLMGeneration._iter_named_params()``                      call      ``test_iter_named_params``
+``VLLMGeneration._iter_named_params``                        write     ``test_vllm_weight_walk``
+``VLLMGeneration._dist.gather_params(params) / .is_fsdp``    r/w       ``test_vllm_weight_walk``
+``VLLMGeneration._fix_param_name_to_vllm(name, prefixes)``   call      ``test_vllm_weight_walk``
 ``PretrainedConfig._name_or_path``                           r/w       ``test_config_name_or_path``
 ``GradientState._set_sync_gradients(flag)``                  call      ``test_set_sync_gradients``
 ``ArgumentParser._optionals._group_actions``                 r/w       ``test_argparse_privates``
@@ -58,6 +65,7 @@ OVERRIDDEN_HOOKS = (
     "_save",  # Trainer.save_model: weights + training_args.bin (torch.save(self.args))
     "_push_from_checkpoint",  # Trainer._save_checkpoint with push_to_hub: uploads the folder, args included
     "_load_optimizer_and_scheduler",  # Trainer._inner_training_loop on resume, after the weights
+    "_prepare_inputs",  # Trainer.training_step, once per micro-step: GRPOTrainer's generates / buffers / slices
 )
 
 
@@ -118,6 +126,87 @@ def iter_named_params(vllm_generation):
     """``(name, tensor)`` pairs of the trainer's weights as TRL's vLLM sync pushes them (PEFT merged, ZeRO-3 / FSDP
     gathered). Relies on ``VLLMGeneration._iter_named_params()``."""
     return vllm_generation._iter_named_params()
+
+
+def set_entropy_coef(trainer, coef: float) -> None:
+    """Set TRL's entropy bonus coefficient after init (tests). Relies on ``_compute_loss`` adding the bonus only when
+    ``_entropy_bonus_enabled``, which ``GRPOTrainer.__init__`` sets once from ``entropy_coef`` (or adaptive)."""
+    trainer.entropy_coef = coef
+    trainer._entropy_bonus_enabled = coef != 0.0 or bool(getattr(trainer, "use_adaptive_entropy", False))
+
+
+# ---------------------------------------------------------------- TRL VLLMGeneration: the weight walk
+def bare_vllm_generation(model):
+    """A ``VLLMGeneration`` holding ``model`` without starting vLLM (tests, benchmarks): what its weight walk reads.
+    Relies on ``_iter_named_params`` reading only ``model`` and ``_dist`` (a ``DistributedBackend``, here without
+    DeepSpeed or FSDP) outside FSDP."""
+    from types import SimpleNamespace
+
+    from trl.distributed import DistributedBackend
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    vllm_generation = VLLMGeneration.__new__(VLLMGeneration)
+    vllm_generation.model = model
+    vllm_generation._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None,
+                                                                                     fsdp_plugin=None)))
+    return vllm_generation
+
+
+def vllm_gather_params(vllm_generation, params: list):
+    """Context manager holding ``params`` gathered (ZeRO-3; no-op otherwise and under FSDP) for the duration of a
+    weight walk. Relies on ``VLLMGeneration._dist`` (a ``trl.distributed.DistributedBackend``) and its
+    ``gather_params(list of parameters)``, what TRL's ``_iter_named_params`` enters around a PEFT merge."""
+    return vllm_generation._dist.gather_params(params)
+
+
+def vllm_uses_fsdp(vllm_generation) -> bool:
+    """Whether the trainer's model is FSDP-sharded (TRL then walks it module by module). Relies on
+    ``VLLMGeneration._dist.is_fsdp``."""
+    return bool(vllm_generation._dist.is_fsdp)
+
+
+def vllm_param_name(vllm_generation, name: str, extra_prefixes: list[str]) -> str:
+    """The parameter name vLLM expects for the trainer's ``name`` (wrapper prefixes removed). Relies on
+    ``VLLMGeneration._fix_param_name_to_vllm(name, extra_prefixes=…)``."""
+    return vllm_generation._fix_param_name_to_vllm(name, extra_prefixes=extra_prefixes)
+
+
+def replace_iter_named_params(vllm_generation, walk) -> None:
+    """Make every TRL weight sync (``sync_weights``, all modes) and :func:`iter_named_params` read ``walk()`` (a
+    zero-argument callable returning ``(name, tensor)`` pairs) instead of TRL's own walk. Relies on
+    ``VLLMGeneration.sync_weights`` calling ``self._iter_named_params()`` (an instance attribute shadows it)."""
+    vllm_generation._iter_named_params = walk
+
+
+# ---------------------------------------------------------------- transformers / TRL forwards: positions
+def install_position_ids_pre_hook(backbone, positions_fn) -> None:
+    """Fill ``position_ids`` = ``positions_fn(attention_mask)`` in every forward of the decoder ``backbone`` that is
+    called without them, with a ``(B, L)`` mask as wide as the input and no filled KV cache; the removable handle is
+    stored as ``backbone._gigpo_mask_positions``.
+
+    Relies on: TRL's forwards (``_get_per_token_logps_and_entropies``, the fused LM head through
+    ``model.base_model``) passing no ``position_ids``, so that transformers numbers the padded row 0..L-1; and the
+    decoder backbones' ``forward(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, …)``
+    (transformers 5 ``Qwen2Model`` / ``LlamaModel`` order: a third positional argument is ``position_ids``).
+    """
+    import torch
+
+    def hook(module, args, kwargs):
+        if kwargs.get("position_ids") is not None or len(args) > 2:
+            return None
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        inputs = kwargs.get("input_ids", args[0] if args else None)
+        if inputs is None:
+            inputs = kwargs.get("inputs_embeds")
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or inputs is None or mask.shape[1] != inputs.shape[1]:
+            return None
+        cache = kwargs.get("past_key_values")
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            return None
+        kwargs["position_ids"] = positions_fn(mask)
+        return args, kwargs
+
+    backbone._gigpo_mask_positions = backbone.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 # ---------------------------------------------------------------- TRL / Trainer: checkpoint and resume

@@ -20,6 +20,10 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
 - **importance sampling** (``vllm_importance_sampling_correction``): :class:`VLLMSamplingMixin` gives the trainer
   TRL's truncated / masked importance ratio π_θold / π_vLLM and its metrics for rows generated turn by turn (TRL
   computes them inline in ``_generate_and_score_completions``, which GiGPO replaces).
+- **LoRA weight sync** (PEFT model, any mode, no FSDP): TRL's weight walk merges the adapter into the
+  base weights in place and unmerges it (``W += ΔW; W -= ΔW`` in bf16 does not give W back: the frozen base drifts
+  by an ulp on a third of its elements per sync). :func:`install_out_of_place_lora_sync` sends
+  ``W + scale·B·A``, computed in fp32 into a new tensor (:func:`gigpo_trl.numerics.merged_lora_weight`), instead.
 - **context limit**: vLLM rejects a request longer than its ``max_model_len``, which may be smaller than the model
   config's; :func:`vllm_max_model_len` gives the collector the limit that prompts are fitted to.
 
@@ -147,6 +151,42 @@ def _repack_lm_head(model) -> None:
     for module in model.modules():
         if isinstance(module, ParallelLMHead) and isinstance(module.quant_method, UnquantizedEmbeddingMethod):
             module.quant_method.process_weights_after_loading(module)
+
+
+def _iter_named_params_out_of_place(vllm_generation):
+    """TRL 1.16's ``VLLMGeneration._iter_named_params`` for a PEFT model without FSDP, with the adapters merged out
+    of place: same names, same order, same ZeRO-3 gather of all parameters around the walk, but each LoRA base
+    weight is sent as :func:`gigpo_trl.numerics.merged_lora_weight` and nothing of the model is written. TRL's
+    privates (gather, vLLM names) through :mod:`gigpo_trl.trl_compat`; ``model.prefix`` is PEFT's ("lora_")."""
+    from .numerics import iter_merged_named_params
+
+    model = vllm_generation.model
+    with trl_compat.vllm_gather_params(vllm_generation, list(model.parameters())):
+        for name, tensor in iter_merged_named_params(model, model.named_parameters()):
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            if model.prefix in name or "original_module" in name:  # LoRA factors; modules_to_save originals
+                continue
+            yield trl_compat.vllm_param_name(vllm_generation, name, ["modules_to_save.default."]), tensor
+
+
+def install_out_of_place_lora_sync(vllm_generation) -> bool:
+    """Route every TRL weight sync (and :func:`cpu_colocate_sync`) through :func:`_iter_named_params_out_of_place`
+    when the model is a PEFT LoRA model outside FSDP (:func:`gigpo_trl.trl_compat.replace_iter_named_params`);
+    returns whether it did. LoRA variants whose merge is not additive (DoRA) keep TRL's in-place merge, with a
+    warning."""
+    from accelerate.utils import is_peft_model
+
+    from .numerics import out_of_place_merge_supported
+
+    model = vllm_generation.model
+    if not is_peft_model(model) or trl_compat.vllm_uses_fsdp(vllm_generation):
+        return False
+    reason = out_of_place_merge_supported(model)
+    if reason is not None:
+        logger.warning("LoRA weight sync merges in place (TRL's way; bf16 base weights drift): %s", reason)
+        return False
+    trl_compat.replace_iter_named_params(vllm_generation, lambda: _iter_named_params_out_of_place(vllm_generation))
+    return True
 
 
 def install_cpu_colocate_sync(vllm_generation) -> bool:

@@ -24,6 +24,30 @@ CORPUS = [
 ] * 20
 
 
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def tiny_lora_model(tokenizer, hidden_size: int = 64, r: int = 4, target_modules=("q_proj", "v_proj", "up_proj",
+                    "down_proj"), b_scale: float = 0.05, seed: int = 0):
+    """A bf16 tiny Qwen2 (random weights) with a LoRA adapter (rank ``r``, alpha 2r) on ``target_modules`` whose B
+    factors are N(0, b_scale²): a trained adapter (PEFT starts B at 0, whose merge would change nothing). Shared by
+    tests/test_numerics.py and benchmarks/bench_lora_sync.py."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from gigpo_trl.models import build_tiny_model
+
+    model = build_tiny_model(tokenizer, hidden_size=hidden_size, seed=seed).to(torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0,
+                                             target_modules=list(target_modules)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * b_scale)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from gigpo_trl.models import build_tiny_tokenizer

@@ -14,11 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "distributed_train.py"
 
 
-def launch(tmp_path, *extra, script_args=(), use_cpu=True):
+def _env():
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
                TOKENIZERS_PARALLELISM="false")
     # The checkout under test first: an editable install elsewhere (another worktree) must not shadow it.
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def launch(tmp_path, *extra, script_args=(), use_cpu=True):
+    """Run the script under `accelerate launch` with OUTPUT_DIR tmp_path/out; both ranks' report lines."""
+    env = _env()
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "true"
     with socket.socket() as sock:  # a free port: a fixed one collides with any other launch on the machine
@@ -40,6 +46,18 @@ def parse_ranks(output):
                                                output):
         ranks[int(rank)] = (eval(rows), eval(calls), int(steps))
     return ranks
+
+
+def parse_prompts(output):
+    """{rank: (max prompt tokens of each local collect, logged rollout/max_prompt_tokens per step)}"""
+    return {int(r): (eval(local), eval(logged))
+            for r, local, logged in re.findall(r"PROMPTS (\d) local=(\[.*?\]) logged=(\[.*?\])", output)}
+
+
+def parse_engine(output):
+    """{rank: (DeepSpeed engine's optimizer steps or None, Trainer's global_step)}"""
+    return {int(r): (None if steps == "None" else int(steps), int(step))
+            for r, steps, step in re.findall(r"ENGINE (\d) steps=(\w+) global_step=(\d+)", output)}
 
 
 def parse_forwards(output):
@@ -71,6 +89,12 @@ def test_two_processes_with_different_row_counts(tmp_path):
     # the same two steps with the budget off (same weights, seed and rollouts) give the same update
     diffs = [float(d) for d in re.findall(r"COMPARE \d update_norm=[\d.]+ rel_diff=(\S+)", output)]
     assert len(diffs) == 2 and max(diffs) < 1e-4
+    # rollout/max_prompt_tokens is the longest prompt over both ranks (rank 1's episodes are longer), per step
+    prompts = parse_prompts(output)
+    train_peaks = [max(a, b) for a, b in zip(prompts[0][0][:2], prompts[1][0][:2])]
+    assert prompts[0][0][:2] != prompts[1][0][:2]
+    assert prompts[0][1] == prompts[1][1] == train_peaks
+    assert parse_engine(output) == {0: (None, 2), 1: (None, 2)}  # no DeepSpeed engine
 
 
 def _check_budget(output):
@@ -100,23 +124,90 @@ def test_prompt_too_long_on_one_rank_fails_its_trajectories_and_the_run_complete
     assert output.count("EVAL tasks=3 success=1.0") == 2
 
 
+def _zero3_sgd_config(tmp_path):
+    """The shipped ZeRO-3 CPU configs with the Trainer's optimizer (plain SGD, as in the one-process run) in place of
+    DeepSpeed's AdamW: (accelerate yaml, DeepSpeed json)."""
+    import json
+
+    ds = json.loads((ROOT / "configs" / "deepspeed_zero3_cpu.json").read_text())
+    del ds["optimizer"]
+    ds["zero_allow_untested_optimizer"] = True
+    ds_json = tmp_path / "zero3_sgd.json"
+    ds_json.write_text(json.dumps(ds))
+    config = tmp_path / "zero3_sgd.yaml"
+    config.write_text((ROOT / "configs" / "accelerate" / "deepspeed_zero3_cpu.yaml").read_text().replace(
+        "configs/deepspeed_zero3_cpu.json", str(ds_json)))
+    return config, ds_json
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
-def test_deepspeed_zero3_two_processes(tmp_path):
-    config = ROOT / "configs" / "accelerate" / "deepspeed_zero3_cpu.yaml"
-    output = launch(tmp_path, "--config_file", str(config), use_cpu=False,
-                    script_args=(str(ROOT / "configs" / "deepspeed_zero3_cpu.json"), "--budget", BUDGET))
+def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
+    """ZeRO-3 on 2 processes, gradient_accumulation_steps = steps_per_generation = 2, budget on; then its budget-off
+    twin (a second launch: accelerate allows one DeepSpeed Accelerator per process). Both updates equal the
+    one-process run over the same rows."""
+    config, ds_json = _zero3_sgd_config(tmp_path)
+    output = launch(tmp_path / "budget", "--config_file", str(config), use_cpu=False,
+                    script_args=(str(ds_json), "--accum", "--budget", BUDGET))
     assert output.count("dist=DEEPSPEED zero=3") == 2
     ranks = parse_ranks(output)
-    assert ranks[0][0] == [2, 4, 1, 3] and ranks[1][0] == [6, 8, 2, 0]
+    # one generation batch of 2 tasks per rank and step (tasks 1 and 3 on rank 0, 2 and 4 on rank 1, 2 rollouts
+    # each), then evaluation (tasks 1, 2, 3 one at a time; rank 1 ends with an empty chunk)
+    assert ranks[0][0] == [8, 8, 1, 3] and ranks[1][0] == [12, 12, 2, 0]
     assert ranks[0][2] == ranks[1][2] == 2 and output.count("EVAL tasks=3 success=1.0") == 2
+    # DeepSpeed's engine made one optimizer step per Trainer step (DeepSpeedStepGuard also checked after each)
+    assert parse_engine(output) == {0: (2, 2), 1: (2, 2)}
     forwards = _check_budget(output)
-    # one full parameter gather per training iteration for generation (TRL alone: one per turn, i.e. 3 then 4:
+    # one full parameter gather per training iteration for generation (TRL alone: one per turn:
     # `distributed_train.py ... --per-turn-gathers`); the scoring forwards fetch ZeRO-3 shards layer by layer.
     # The two evaluation collects gather nothing themselves: evaluate() holds one gather around all of them.
     assert forwards[0][2] == forwards[1][2] == [1, 1, 0, 0]
-    # ZeRO-3 cannot build the budget-off reference trainer in the same process (accelerate allows one DeepSpeed
-    # Accelerator), so only: the ranks agree on a non-zero update. Equality with the budget-off run was checked
-    # by running the script with and without --budget (same update norm to 6 digits; see the closing note).
     norms = [float(x) for x in re.findall(r"UPDATE \d norm=(\S+)", output)]
     assert len(norms) == 2 and norms[0] == norms[1] > 0
+    twin = launch(tmp_path / "twin", "--config_file", str(config), use_cpu=False,
+                  script_args=(str(ds_json), "--accum"))
+    assert parse_engine(twin) == {0: (2, 2), 1: (2, 2)}
+    budget = _load_update(str(tmp_path / "budget" / "out") + "-update.pt")
+    no_budget = _load_update(str(tmp_path / "twin" / "out") + "-update.pt")
+    assert _rel(budget, no_budget) < 1e-5
+    assert _rel(budget, one_process_update) < 1e-5 and _rel(no_budget, one_process_update) < 1e-5
+
+
+# ------------------------------------------------------------------------------------ accumulation vs one process
+@pytest.fixture(scope="module")
+def one_process_update(tmp_path_factory):
+    """The weight update of the `--accum` runs' two steps in ONE process over the same rows (global batch 4 + 4
+    trajectories, budget off): plain `python`, no launcher."""
+    out = tmp_path_factory.mktemp("single") / "out"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--accum", "--single"], capture_output=True,
+                          text=True, timeout=600, env=dict(_env(), ACCELERATE_USE_CPU="true"), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
+    return _load_update(str(out) + "-update.pt")
+
+
+def _load_update(path):
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.slow
+def test_accumulation_two_processes_equal_one_process(tmp_path, one_process_update):
+    """gradient_accumulation_steps = steps_per_generation = 2 on 2 DDP processes (gloo), with the budget (and,
+    `--compare`, without): the update equals the one-process run over the same rows."""
+    output = launch(tmp_path, "--config_file", str(ROOT / "configs" / "accelerate" / "multi_cpu.yaml"),
+                    script_args=("--accum", "--budget", BUDGET, "--compare"))
+    ranks = parse_ranks(output)
+    assert ranks[0][2] == ranks[1][2] == 2
+    single = one_process_update
+    assert single.norm() > 0
+    budget = _load_update(str(tmp_path / "out") + "-update.pt")
+    no_budget = _load_update(str(tmp_path / "out") + "-update-ref.pt")
+    assert _rel(budget, single) < 1e-5 and _rel(no_budget, single) < 1e-5, (_rel(budget, single),
+                                                                            _rel(no_budget, single))
+    forwards = parse_forwards(output)
+    assert forwards[0][0] == forwards[1][0] > 4 and max(forwards[0][1] + forwards[1][1]) <= int(BUDGET)

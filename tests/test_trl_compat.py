@@ -219,20 +219,23 @@ def fixed_batch(trainer):
     return batch, scorer
 
 
-def _trl_loss(trainer, scorer, inputs, loss_type) -> float:
-    """TRL's own ``compute_loss`` → ``_compute_loss`` on ``inputs`` with the fixed log-probs."""
+def _trl_loss(trainer, scorer, inputs, loss_type=None, compute_loss=GRPOTrainer.compute_loss) -> float:
+    """TRL's own ``compute_loss`` → ``_compute_loss`` (or ``compute_loss``, e.g. GiGPO's) on ``inputs`` with the
+    fixed log-probs."""
     trainer._get_per_token_logps_and_entropies = scorer
     try:
         with torch.no_grad():
-            return float(GRPOTrainer.compute_loss(trainer, trainer.model, inputs))
+            return float(compute_loss(trainer, trainer.model, inputs))
     finally:
         del trainer._get_per_token_logps_and_entropies
 
 
 @pytest.mark.parametrize("loss_type", BUDGET_LOSS_TYPES)
 def test_sub_batch_scale_matches_compute_loss(trainer, fixed_batch, loss_type):
-    """``_sub_batch_scale`` × TRL's loss of a sub-batch, summed over sub-batches (and for the whole batch with its
-    filler rows), equals TRL's loss of the rollout rows alone: the normalisers we mirror are TRL's."""
+    """``_sub_batch_scale`` × TRL's loss of a sub-batch, summed over sub-batches of a batch with filler rows, equals
+    TRL's loss of the rollout rows alone: the normalisers we mirror are TRL's. Without a budget (the module's trainer
+    has none) GiGPO's loss on the batch with its filler rows is that same value (filler rows dropped), while TRL's
+    own on it differs for the row-mean losses (its normaliser would count the filler rows)."""
     batch, scorer = fixed_batch
     trainer.model.train()
     real = {k: (v[:6] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in batch.items()}
@@ -245,13 +248,74 @@ def test_sub_batch_scale_matches_compute_loss(trainer, fixed_batch, loss_type):
                                setattr(trainer, "importance_sampling_level", saved[1])))
         target = _trl_loss(trainer, scorer, real, loss_type)
         assert target != 0.0
-        whole = _trl_loss(trainer, scorer, batch, loss_type) * trainer._sub_batch_scale(batch, batch)
-        assert whole == pytest.approx(target, rel=1e-5, abs=1e-7)
+        assert trainer.args.max_tokens_per_microbatch is None
+        budget_off = _trl_loss(trainer, scorer, batch, compute_loss=GiGPOTrainer.compute_loss)
+        assert budget_off == pytest.approx(target, rel=1e-5, abs=1e-7)
+        if loss_type in ("grpo", "sapo", "luspo", "dr_grpo"):  # the filler rows would change TRL's row normaliser
+            assert _trl_loss(trainer, scorer, batch) != pytest.approx(target, rel=1e-3)
         total = 0.0
         for rows in ([0, 3], [1, 2, 5], [4]):
             sub = take_rows(batch, rows, 4, 5)
             total += _trl_loss(trainer, scorer, sub, loss_type) * trainer._sub_batch_scale(sub, batch)
         assert total == pytest.approx(target, rel=1e-5, abs=1e-7)
+
+
+def test_prepare_inputs_hook(trainer, fixed_batch):
+    """``ExactOnPolicyRatioMixin._prepare_inputs`` overrides TRL's hook (called by ``Trainer.training_step`` once per
+    micro-step) and drops ``old_per_token_logps`` on on-policy micro-steps, relying on ``_compute_loss`` then taking
+    the training forward's own (detached) log-probs as π_old: the same loss as passing those log-probs."""
+    assert "_prepare_inputs" in trl_compat.OVERRIDDEN_HOOKS
+    batch, scorer = fixed_batch
+    trainer.model.train()
+    with contract("GRPOTrainer._prepare_inputs / _compute_loss without old_per_token_logps"):
+        assert "self._prepare_inputs(inputs)" in source(Trainer.training_step)
+        assert params(GRPOTrainer._prepare_inputs) == params(GiGPOTrainer._prepare_inputs) == [
+            "self", "generation_batch"]
+        own = scorer(None, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1), None, 5)[0]
+        without = {k: v for k, v in batch.items() if k != "old_per_token_logps"}
+        with_own = {**without, "old_per_token_logps": own}
+        assert not torch.equal(own, batch["old_per_token_logps"])
+        assert _trl_loss(trainer, scorer, without) == _trl_loss(trainer, scorer, with_own)
+        assert _trl_loss(trainer, scorer, without) != _trl_loss(trainer, scorer, batch)
+
+
+def test_entropy_bonus_flag(trainer):
+    with contract("GRPOTrainer._entropy_bonus_enabled"):
+        assert "self._entropy_bonus_enabled = self.entropy_coef != 0.0" in source(GRPOTrainer.__init__)
+        assert "if self._entropy_bonus_enabled" in source(GRPOTrainer._compute_loss)
+        saved = trainer.entropy_coef
+        try:
+            trl_compat.set_entropy_coef(trainer, 0.5)
+            assert trainer._entropy_bonus_enabled is True and trainer.entropy_coef == 0.5
+            trl_compat.set_entropy_coef(trainer, 0.0)
+            assert trainer._entropy_bonus_enabled is False
+        finally:
+            trl_compat.set_entropy_coef(trainer, saved)
+
+
+def test_forward_positions_from_mask(trainer):
+    """``trl_compat.install_position_ids_pre_hook`` (installed by GiGPOTrainer on the policy's backbone) relies on
+    TRL's scoring forward passing no ``position_ids`` and on the backbone's argument order: the backbone then
+    receives ``cumsum(mask) - 1`` for a left-padded row."""
+    from transformers import Qwen2Model
+
+    seen = []
+    backbone = trainer.model.base_model
+    with contract("GRPOTrainer._get_per_token_logps_and_entropies (no position_ids) / backbone forward order"):
+        # (image_position_ids, for vision models, is another argument)
+        assert not re.search(r"(?<!image_)position_ids", source(GRPOTrainer._get_per_token_logps_and_entropies))
+        assert params(Qwen2Model.forward)[1:4] == ["input_ids", "attention_mask", "position_ids"]
+        assert backbone._gigpo_mask_positions is not None
+        handle = backbone.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("position_ids")),
+                                                    with_kwargs=True)  # runs after ours
+        try:
+            ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 10, 11, 12]])
+            mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8])
+            with torch.no_grad():
+                trl_compat.per_token_logps(trainer, trainer.model, ids, mask, 3)
+        finally:
+            handle.remove()
+        assert seen and seen[0].tolist() == [[0, 0, 0, 0, 1, 2, 3, 4], list(range(8))]
 
 
 def test_compute_loss_gathers_per_row():
@@ -298,6 +362,33 @@ def test_iter_named_params():
     with contract("VLLMGeneration._iter_named_params"):
         assert params(VLLMGeneration._iter_named_params) == ["self"]
         assert "self._iter_named_params()" in source(VLLMGeneration.sync_weights)
+
+
+def test_vllm_weight_walk(tiny_tokenizer):
+    """The pieces of ``VLLMGeneration._iter_named_params`` that ``vllm_glue``'s out-of-place LoRA walk re-uses
+    (``_dist.gather_params`` / ``is_fsdp``, ``_fix_param_name_to_vllm``) and the instance attribute that replaces the
+    walk: on a tiny LoRA model our walk yields TRL's names in TRL's order."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from gigpo_trl.models import build_tiny_model
+    from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
+
+    generation = trl_compat.bare_vllm_generation
+    model = get_peft_model(build_tiny_model(tiny_tokenizer, hidden_size=32),
+                           LoraConfig(r=2, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    with contract("VLLMGeneration._dist / _fix_param_name_to_vllm / _iter_named_params"):
+        trl_names = [name for name, _ in trl_compat.iter_named_params(generation(copy.deepcopy(model)))]
+        vg = generation(model)
+        assert trl_compat.vllm_uses_fsdp(vg) is False
+        with trl_compat.vllm_gather_params(vg, list(model.parameters())):
+            pass
+        assert trl_compat.vllm_param_name(vg, "a._checkpoint_wrapped_module.b.modules_to_save.default.weight",
+                                          ["modules_to_save.default."]) == "a.b.weight"
+        assert install_out_of_place_lora_sync(vg)
+        assert [name for name, _ in trl_compat.iter_named_params(vg)] == trl_names
+        assert "model.layers.0.self_attn.q_proj.weight" in trl_names
 
 
 def test_config_name_or_path(trainer, tiny_model_dir):

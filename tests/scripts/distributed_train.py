@@ -4,12 +4,19 @@ FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_gener
 rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
 
     distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare] [--per-turn-gathers] [--long-obs]
+                         [--accum] [--single]
 
 The env's rewards depend on the completion text (VariedRewardEnv), so the update is not zero. `--budget N` sets
 max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank prints its training forwards and
 their padded sizes. `--compare` also trains a second trainer from the same weights and seed with the budget off and
 prints the relative difference of the two weight updates. `--long-obs`: LongObsAtTurn3Env with
 max_prompt_length=600 (rank 1's task-4 episodes fail at turn 3).
+`--accum`: gradient_accumulation_steps=2 and steps_per_generation=2 (one optimizer step per generation batch, two
+micro-batches per rank), plain SGD, and a fixed policy whose completions depend only on the prompt (and on which
+copy of a repeated prompt it is within a call), so the rows do not depend on how they are split over processes;
+the main process saves the weight update to OUTPUT_DIR-update.pt (OUTPUT_DIR-update-ref.pt for --compare's run).
+`--single` (with --accum, run with plain `python`, one process): per_device_train_batch_size=4, the same global
+batch as two processes of 2: the one-process reference of the same rows.
 Under ZeRO-3 each rank prints the full parameter gathers made in each training iteration, then in each evaluation
 collect (`--per-turn-gathers`: with TRL's behaviour of one gather per generate call, for comparison). `--compare`
 needs a second Accelerator with a DeepSpeed plugin in one process, which accelerate refuses: DDP only.
@@ -29,6 +36,26 @@ import torch  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+
+
+# actions of 3, 4 and 5 characters: VariedRewardEnv's rewards differ, so do the advantages
+TEXTS = ["<think>a</think><action>yes</action>", "<think>waiting a little longer</think><action>wait</action>",
+         "<think>w</think><action>sleep</action> and then some more words"]
+
+
+def fixed_policy(tokenizer):
+    """generate_fn whose completion for a prompt depends only on the prompt's tokens and on how many copies of the
+    same prompt came before it in the call (the members of a task group, which sit on one process), not on the
+    batch it arrives in: the same rows on one process or two."""
+    def policy(prompts):
+        seen = {}
+        out = []
+        for ids in prompts:
+            k = seen.get(tuple(ids), 0)
+            seen[tuple(ids)] = k + 1
+            out.append(tokenizer.encode(TEXTS[(sum(ids) + k) % 3]))
+        return out, None
+    return policy
 
 
 class VariedRewardEnv(FixedLengthEnv):
@@ -54,16 +81,22 @@ def report(line: str) -> None:
             f.write(line + "\n")
 
 
-def build(output_dir, extra, budget, env=VariedRewardEnv):
+def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=False):
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     model = build_tiny_model(tokenizer)
+    settings = dict(per_device_train_batch_size=2, steps_per_generation=1, learning_rate=1e-2)
+    if accum:
+        settings = dict(per_device_train_batch_size=4 if single else 2, steps_per_generation=2,
+                        gradient_accumulation_steps=2, optim="sgd", learning_rate=0.5, max_grad_norm=0.0)
     args = GiGPOConfig(
-        output_dir=output_dir, num_generations=2, per_device_train_batch_size=2, steps_per_generation=1,
-        max_steps=2, max_turns=6, max_completion_length=8, bf16=False, gradient_checkpointing=False,
-        learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, shuffle_dataset=False,
-        seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget, **extra,
+        output_dir=output_dir, num_generations=2, max_steps=2, max_turns=6, max_completion_length=8, bf16=False,
+        gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
+        shuffle_dataset=False, seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget, **settings, **extra,
     )
-    return GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer), tokenizer
+    trainer = GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer)
+    if accum:
+        trainer.collector.generate_fn = fixed_policy(tokenizer)
+    return trainer, tokenizer
 
 
 def full_weights(trainer):
@@ -78,7 +111,7 @@ def full_weights(trainer):
 
 
 def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
-         per_turn_gathers: bool = False, long_obs: bool = False):
+         per_turn_gathers: bool = False, long_obs: bool = False, accum: bool = False, single: bool = False):
     reports = output_dir + "-reports"  # one file per rank (accelerate sets RANK), read by tests/test_distributed.py
     os.makedirs(reports, exist_ok=True)
     _REPORT.append(os.path.join(reports, f"rank-{os.environ.get('RANK', '0')}.txt"))
@@ -103,18 +136,19 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
 
         ds.zero.GatheredParameters = CountingGather
     env = LongObsAtTurn3Env if long_obs else VariedRewardEnv
-    trainer, tokenizer = build(output_dir, extra, budget, env)
+    trainer, tokenizer = build(output_dir, extra, budget, env, accum, single)
     if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
         import contextlib
 
         trainer._generation_params_gathered = contextlib.nullcontext
-    rows, calls, gathers = [], [], []
+    rows, calls, gathers, prompts = [], [], [], []
     collect, score = trainer.collector.collect, trainer._generate_and_score_completions
 
     def counting(*a, **k):
         batch = collect(*a, **k)
         rows.append(len(batch.rows))
         calls.append(batch.num_generate_calls)
+        prompts.append(batch.max_prompt_tokens)
         for t in batch.trajectories:
             if t.failed:
                 report(f"FAILED rank={trainer.accelerator.process_index} {t.trajectory_id}: {t.error[:80]}")
@@ -138,6 +172,12 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
     trainer.train()
     update = full_weights(trainer) - initial
     report(f"UPDATE {trainer.accelerator.process_index} norm={float(update.norm()):.6f}")
+    if accum and trainer.accelerator.is_main_process:
+        torch.save(update, output_dir + "-update.pt")
+    logged = [h["rollout/max_prompt_tokens"] for h in trainer.state.log_history if "rollout/max_prompt_tokens" in h]
+    report(f"PROMPTS {trainer.accelerator.process_index} local={prompts} logged={logged}")
+    engine_steps = getattr(trainer.model_wrapped, "global_steps", None)  # DeepSpeed's own optimizer-step count
+    report(f"ENGINE {trainer.accelerator.process_index} steps={engine_steps} global_step={trainer.state.global_step}")
     # 3 eval tasks over 2 ranks, one episode at a time: rank 1 runs one empty chunk to keep collectives in step
     import datasets
 
@@ -152,9 +192,11 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
            f"dist={trainer.accelerator.distributed_type.value} zero={zero}")
     report(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}")
     if compare:  # the same two steps with the budget off, from the same weights and seed
-        reference, _ = build(output_dir + "-ref", extra, None, env)
+        reference, _ = build(output_dir + "-ref", extra, None, env, accum, single)
         reference.train()
         expected = full_weights(reference) - initial
+        if accum and trainer.accelerator.is_main_process:
+            torch.save(expected, output_dir + "-update-ref.pt")
         diff = float((update - expected).norm() / expected.norm())
         report(f"COMPARE {rank} update_norm={float(expected.norm()):.4f} rel_diff={diff:.3e}")
     trainer.accelerator.wait_for_everyone()
@@ -179,5 +221,8 @@ if __name__ == "__main__":
     parser.add_argument("--compare", action="store_true")
     parser.add_argument("--per-turn-gathers", action="store_true")
     parser.add_argument("--long-obs", action="store_true")
+    parser.add_argument("--accum", action="store_true")
+    parser.add_argument("--single", action="store_true")
     cli = parser.parse_args()
-    main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs)
+    main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs, cli.accum,
+         cli.single)
