@@ -1,10 +1,13 @@
 """GiGPO vs GRPO (vs HGPO) at equal budget, on a testbed where step-level credit matters, on a CPU.
 
-    python benchmarks/learning.py                         # full run: corridor testbed, seeds 0-4, every arm
-    python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, few iterations)
-    python benchmarks/learning.py --seeds 100 101 102     # other seeds (the design was tuned on 100-101)
+    python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, GiGPO and GRPO
+    python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, 3 iterations)
+    python benchmarks/learning.py --seeds 200 201 202 203 204 --output_dir outputs/bench/learning/a   # a split run
+    python benchmarks/learning.py --report_only --runs outputs/bench/learning/a/runs.jsonl \
+        outputs/bench/learning/b/runs.jsonl              # merge split runs into one report
+    python benchmarks/learning.py --warmup_only --seeds 1 100   # only the warm-ups, with their figures
+    python benchmarks/learning.py --arms GiGPO GRPO HGPO  # add the HGPO arm
     python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
-    python benchmarks/learning.py --arms GiGPO GRPO       # a subset of the arms
 
 Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
 a dead end (left/right in random order), ``max_turns`` 30; the shortest episode is 12 turns, reward 1 only for
@@ -17,25 +20,30 @@ disjoint eval ids. The prompt is a compact version of the env's.
 Per seed:
 
 1. a tiny Qwen2 policy (random init, compact BPE tokenizer trained offline on the testbed's prompts) gets a
-   supervised *legal-move* warm-up: real prompts (``gigpo_trl.prompts.build_messages`` + the chat template) of
-   states reached by random walks, targets ``<think>go</think><action>{move}</action>`` with the move drawn
-   uniformly among the state's legal moves (corridor: the two doors of a room, ``back`` in a dead end;
-   FrozenLake: no edge bump, no hole). It learns the format and the rules, nothing about which door leads on
-   or where the goal is. The weights are saved once; every arm starts from them.
-2. every arm (``ARMS``; HGPO only when ``GiGPOConfig`` has ``step_grouping``) trains from those weights with
-   identical settings, seed, task order and number of iterations; only the arm's config fields differ
-   (GiGPO: omega = 1; GRPO: omega = 0; HGPO: omega = 1 with history-consistent step groups of depth 2).
-3. every ``--eval_every`` iterations each arm is evaluated on held-out tasks (the env's eval split), sampled at
-   T = 1 and greedy.
+   supervised *legal-move* warm-up (``legal_move_warmup``): real prompts (``gigpo_trl.prompts.build_messages`` +
+   the chat template) of states reached by random walks, each with every legal move as a target
+   (``<think>go</think><action>{move}</action>``; corridor: both doors of a room, ``back`` in a dead end), i.e.
+   cross-entropy against the uniform distribution over the legal moves. Phase 1 runs until >= 95 % of sampled moves
+   are legal; phase 2 (learning rate decaying to 0) until the final sampled check also has the passage chosen in
+   0.5 +- 0.05 of two-door rooms (the policy knows the rules, not the way). A seed that misses either within
+   ``--warmup_max_steps`` stops the run with an error naming it. The weights are saved once; every arm starts from
+   them.
+2. every arm (``ARMS``; default GiGPO and GRPO) trains from those weights with identical settings, seed, task
+   order and number of iterations; only the arm's config fields differ (GiGPO: omega = 1; GRPO: omega = 0; HGPO:
+   omega = 1 with history-consistent step groups of depth 2).
+3. held-out evaluation (the env's eval split, sampled at T = 1) at iteration 0 and at ``eval_schedule``'s
+   iterations (every ``--eval_every_early`` iterations, then the last three ``--eval_every`` apart); greedy too at
+   iteration 0 and the last three.
 
-Headline: per seed and arm, the mean held-out success over the last 3 evaluations (sampled at T = 1: the
-primary metric; greedy also reported); the paired per-seed gap between arms, its mean and a 95% t interval
-over seeds; iterations until the 5-iteration running mean of training success reaches 0.5. Also the env steps
-and generated tokens per arm, and the anchor-group statistics early / middle / late in training (fraction of
-step groups that are singletons, fraction of rows per step-group size). Writes ``learning.json`` and
-``learning_curve.png`` to ``--results_dir`` (default ``benchmarks/results``) and the weights to
-``--output_dir``. ``--workers 2`` (default) runs the warm-ups, then the (seed, arm) runs, in two
-single-threaded processes.
+Primary metric (``PRIMARY_METRIC``, fixed before the headline run): per seed and arm, the mean held-out success
+over the last 3 evaluations, sampled at T = 1; the paired per-seed gap between arms, its mean and a 95% t interval
+over seeds. Second metric: the area under the sampled held-out success curve (``auc``), with its paired interval.
+Also greedy success; iterations until the 5-iteration running mean of training success reaches 0.5; the env steps
+and generated tokens per arm; the anchor-group statistics early / middle / late; each seed's warm-up figures.
+Writes ``learning.json`` and ``learning_curve.png`` to ``--results_dir`` (default: ``benchmarks/results`` only for
+a complete report of the 10 headline seeds at the default budget, ``--output_dir`` otherwise) and the weights and
+``runs.jsonl`` (one line per finished (seed, arm) run) to ``--output_dir``. ``--workers 2`` (default) runs the
+warm-ups, then the (seed, arm) runs, in two single-threaded processes.
 """
 
 from __future__ import annotations
@@ -331,7 +339,7 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
     Returns a dict: loss (last step), steps, rules_steps (end of phase 1), balance_rounds, seconds, and the final
     check's valid_format / legal / leads_on_among_two_legal / n_two_door. Raises ``WarmupFailed`` naming the seed
     when the cap is reached first (``a.warmup_fail_soft``: return instead, with ``failed`` set, for ``--quick``)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rng = random.Random(seed)
     env = env_factory()
     model.train()
@@ -364,6 +372,9 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
         train_step(a.warmup_lr)
         if step >= a.warmup_steps and step % 100 == 0:
             check = sampled_check(256, seed + 1000 + step)
+            if step % 500 == 0 or check["legal"] >= a.warmup_legal:
+                print(f"  seed {seed} warm-up step {step}: legal {check['legal']:.3f} "
+                      f"({time.perf_counter() - t0:.0f}s)", flush=True)
             if check["legal"] >= a.warmup_legal:
                 rules_steps = step
     while failure is None:  # phase 2, repeated until legal and balanced
@@ -376,11 +387,13 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
         for i in range(a.warmup_balance_steps):
             train_step(a.warmup_lr * (1 - i / a.warmup_balance_steps))
         check = sampled_check(a.warmup_check, seed + 5000 + rounds)
+        print(f"  seed {seed} warm-up balance round {rounds} (step {step}): legal {check['legal']:.3f}, passage "
+              f"preference {check['leads_on_among_two_legal']} ({time.perf_counter() - t0:.0f}s)", flush=True)
         if check["legal"] >= a.warmup_legal and door_balanced(check, a):
             break
     model.eval()
     stats = {"loss": loss_val, "steps": step, "rules_steps": rules_steps, "balance_rounds": rounds,
-             "seconds": time.perf_counter() - t0} | (check or {})
+             "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0} | (check or {})
     if failure is not None:
         msg = f"seed {seed}: warm-up failed at the {a.warmup_max_steps}-step cap (--warmup_max_steps): {failure}"
         if not a.warmup_fail_soft:
@@ -520,10 +533,11 @@ class PeriodicEval:
             def on_step_end(self, args, state, control, **kwargs):
                 it, rest = divmod(state.global_step, spg)
                 if rest == 0 and it in outer.eval_iterations and outer.trainer is not None:
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     outer.points.append(evaluate_both(outer.trainer, outer.sampled_temperature,
                                                       greedy=it in outer.greedy_iterations) | {"iteration": it})
                     outer.eval_seconds += time.perf_counter() - t0
+                    outer.eval_cpu_seconds += time.process_time() - c0
                     p = outer.points[-1]
                     greedy = f"{p['greedy']:.2f}" if "greedy" in p else "-"
                     print(f"    {outer.label} it {it}: sampled {p['sampled']:.2f} greedy {greedy} "
@@ -537,6 +551,7 @@ class PeriodicEval:
         self.trainer = None
         self.points: list[dict] = []
         self.eval_seconds = 0.0
+        self.eval_cpu_seconds = 0.0  # single-threaded process: ~ the wall time on an idle core
         self.label = ""
         self.t_start = time.perf_counter()
 
@@ -607,12 +622,12 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         cb.trainer = trainer
         cb.label = f"seed {seed} {arm}"
         trainer.remove_callback(PrinterCallback)  # the per-step log dicts; everything is kept in log_history
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         start = evaluate_both(trainer, a.sampled_eval_temperature) | {"iteration": 0}
-        start_secs = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        start_secs, start_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         trainer.train()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         series = iteration_series(trainer.state.log_history)
         trainer.collector.close()
         sizes, deepest = RECORDER.iterations, RECORDER.deepest
@@ -646,13 +661,18 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         "iters_to_50pct_train": iters_to(series["episode/success_rate"]),
         "env_steps": int(rows.sum()), "generated_tokens": int(round(float(tokens.sum()))),
         "wall_seconds": wall + start_secs, "eval_seconds": cb.eval_seconds + start_secs,
+        # CPU seconds of this single-threaded run: ~ its wall time on an idle core (for the budget arithmetic)
+        "cpu_seconds": cpu + start_cpu, "eval_cpu_seconds": cb.eval_cpu_seconds + start_cpu,
+        "train_cpu_seconds_per_iteration": (cpu - cb.eval_cpu_seconds) / a.iterations,
         "series": series, "anchor_phases": anchor_phases,
     }
     sampled = " ".join(f"{p['sampled']:.2f}" for p in points)
     greedy = " ".join(f"{p['greedy']:.2f}" if "greedy" in p else "-" for p in points)
     print(f"  seed {seed} {arm:5s}: sampled {sampled} | greedy {greedy} | last3 {result['headline_sampled']:.3f}/"
           f"{result['headline_greedy']:.3f} | AUC {result['auc_sampled']:.3f} | 50% at it {result['iters_to_50pct_train']} | "
-          f"wall {result['wall_seconds']:.0f}s", flush=True)
+          f"wall {result['wall_seconds']:.0f}s, CPU {result['cpu_seconds']:.0f}s (train "
+          f"{result['train_cpu_seconds_per_iteration']:.2f}s/iteration, evaluations {result['eval_cpu_seconds']:.0f}s)",
+          flush=True)
     return result
 
 
@@ -697,7 +717,7 @@ def warmup_line(w: dict) -> str:
         return f"warm-up FAILED: {w.get('failed')}"
     pref = w.get("leads_on_among_two_legal")
     return (f"warm-up {w['steps']} steps ({w.get('rules_steps')} to legal play, {w.get('balance_rounds')} balance "
-            f"round(s)) in {w['seconds']:.0f}s; final sampled check: legal {100 * w['legal']:.1f} %, passage "
+            f"round(s)) in {w['seconds']:.0f}s (CPU {w.get('cpu_seconds', float('nan')):.0f}s); final sampled check: legal {100 * w['legal']:.1f} %, passage "
             f"preference {'n/a' if pref is None else f'{pref:.3f}'} (n={w.get('n_two_door')}), loss {w['loss']:.3f}"
             + (" FAILED" if w.get("failed") else ""))
 
@@ -1103,7 +1123,7 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
     def warm_figures(s):
         w = warmups.get(str(s), {})
         return {k: w.get(k) for k in ("legal", "leads_on_among_two_legal", "n_two_door", "steps", "rules_steps",
-                                      "balance_rounds", "seconds", "valid_format", "failed") if k in w}
+                                      "balance_rounds", "seconds", "cpu_seconds", "valid_format", "failed") if k in w}
 
     payload = {
         "gap_pp": main_gap["gap_pp"] if main_gap else None,
