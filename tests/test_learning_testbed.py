@@ -98,10 +98,19 @@ def test_auc_is_the_trapezoid_over_uneven_points_divided_by_the_span():
         learning.auc([{"iteration": 5, "sampled": 0.3}])
 
 
-def test_warmup_batch_targets_every_legal_door_once_so_passages_and_dead_ends_balance():
-    a = learning.parse_args(["--warmup_batch", "32"])
+_TOK = {}
+
+
+def _setup(argv=()):
+    a = learning.parse_args(list(argv))
     factory = learning.env_factory_for(a)
-    tok = learning.make_tokenizer(a, factory, a.vocab)
+    if "tok" not in _TOK:
+        _TOK["tok"] = learning.make_tokenizer(a, factory, a.vocab)
+    return a, factory, _TOK["tok"]
+
+
+def test_warmup_batch_targets_every_legal_door_once_so_passages_and_dead_ends_balance():
+    a, factory, tok = _setup(["--warmup_batch", "32"])
     ids, att, lab = learning.warmup_batch(tok, a, factory(), random.Random(3), list(range(256)))
     targets = [tok.decode([t for t in row.tolist() if t != -100], skip_special_tokens=True) for row in lab]
     doors = [t.split("<action>")[1].split("</action>")[0] for t in targets]
@@ -170,3 +179,32 @@ def test_report_only_refuses_duplicate_runs_and_mixed_settings(tmp_path):
     mixed = _write(tmp_path / "c", [other])
     with pytest.raises(ValueError, match="different settings"):
         learning.load_runs([first, mixed])
+
+
+def test_warmup_that_misses_its_cap_fails_naming_the_seed():
+    from gigpo_trl.models import build_tiny_model
+
+    a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "2", "--warmup_batch", "2"])
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
+    with pytest.raises(learning.WarmupFailed, match=r"seed 7: warm-up failed at the 2-step cap .*legal moves nan"):
+        learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    a.warmup_fail_soft = True  # --quick: reported, not raised
+    stats = learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    assert stats["steps"] == 2 and stats["rules_steps"] is None and stats["failed"].startswith("seed 7: ")
+
+
+def test_door_balance_tolerance():
+    a = learning.parse_args([])
+    assert a.warmup_balance_tol == 0.05
+    assert learning.door_balanced({"leads_on_among_two_legal": 0.55}, a)
+    assert learning.door_balanced({"leads_on_among_two_legal": 0.45}, a)
+    assert not learning.door_balanced({"leads_on_among_two_legal": 0.56}, a)
+    assert not learning.door_balanced({"leads_on_among_two_legal": 0.44}, a)
+    assert not learning.door_balanced({"leads_on_among_two_legal": None}, a)
+
+
+def test_headline_seeds_are_ten_fixed_seeds_disjoint_from_design_and_quick_seeds():
+    assert learning.HEADLINE_SEEDS == list(range(200, 210))
+    assert not set(learning.HEADLINE_SEEDS) & set(learning.DESIGN_SEEDS + [0, 1, 2, 103])
+    assert learning.parse_args([]).seeds == learning.HEADLINE_SEEDS
+    assert learning.parse_args(["--quick"]).seeds == [0]
