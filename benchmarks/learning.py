@@ -331,13 +331,15 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
     tokens against the uniform distribution over the state's legal moves (``warmup_batch``).
 
     Phase 1 (rules): at least ``warmup_steps`` steps at ``warmup_lr``; then, every 100 steps, a sampled check on
-    256 fresh prompts, until ``legal >= warmup_legal``. Phase 2 (balance): ``warmup_balance_steps`` more steps with
+    256 fresh prompts, until ``legal >= warmup_legal``; an attempt that has not got there after
+    ``warmup_restart_steps`` steps restarts from a fresh init (init seed ``seed + 10000 * restart``; 0 = never). Phase 2 (balance): ``warmup_balance_steps`` more steps with
     the learning rate decaying linearly to 0 (a constant rate leaves whatever word preference the last batches
     pushed), then the final sampled check on ``warmup_check`` prompts; if it is not both legal (>= ``warmup_legal``)
     and balanced (passage chosen in ``0.5 +- warmup_balance_tol`` of the legal two-door samples), phase 2 runs
     again. Every step counts against ``warmup_max_steps``.
 
-    Returns a dict: loss (last step), steps, rules_steps (end of phase 1), balance_rounds, seconds, and the final
+    Returns a dict: loss (last step), steps, rules_steps (end of phase 1), balance_rounds, restarts, init_seed (of
+    the weights returned), seconds, cpu_seconds, and the final
     check's valid_format / legal / leads_on_among_two_legal / n_two_door. Raises ``WarmupFailed`` naming the seed
     when the cap is reached first (``a.warmup_fail_soft``: return instead, with ``failed`` set, for ``--quick``)."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -365,13 +367,26 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
         model.train()
         return c
 
-    failure = None
+    failure, restarts, init_seed, attempt_start = None, 0, seed, 0
     while rules_steps is None:  # phase 1
         if step >= a.warmup_max_steps:
-            failure = f"legal moves {check['legal'] if check else float('nan'):.3f} < {a.warmup_legal}"
+            failure = (f"legal moves {check['legal'] if check else float('nan'):.3f} < {a.warmup_legal} after "
+                       f"{restarts} restart(s)")
             break
+        if a.warmup_restart_steps and step - attempt_start >= a.warmup_restart_steps:
+            # A seed whose init has not picked the rules up by now rarely does soon (the old seed 1: 61 % legal
+            # after 1,500 steps); start again from a fresh init derived from the seed (deterministic).
+            restarts += 1
+            init_seed = seed + 10_000 * restarts
+            fresh = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=init_seed)
+            model.load_state_dict(fresh.state_dict())
+            opt = torch.optim.AdamW(model.parameters(), lr=a.warmup_lr, weight_decay=0.0)
+            attempt_start = step
+            print(f"  seed {seed} warm-up: no legal play after {a.warmup_restart_steps} steps (legal "
+                  f"{check['legal'] if check else float('nan'):.3f}); restart {restarts} from init seed {init_seed}",
+                  flush=True)
         train_step(a.warmup_lr)
-        if step >= a.warmup_steps and step % 100 == 0:
+        if step - attempt_start >= a.warmup_steps and step % 100 == 0:
             check = sampled_check(256, seed + 1000 + step)
             if step % 500 == 0 or check["legal"] >= a.warmup_legal:
                 print(f"  seed {seed} warm-up step {step}: legal {check['legal']:.3f} "
@@ -394,6 +409,7 @@ def legal_move_warmup(model, tok, a, env_factory, train_tasks, seed):
             break
     model.eval()
     stats = {"loss": loss_val, "steps": step, "rules_steps": rules_steps, "balance_rounds": rounds,
+             "restarts": restarts, "init_seed": init_seed,
              "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0} | (check or {})
     if failure is not None:
         msg = f"seed {seed}: warm-up failed at the {a.warmup_max_steps}-step cap (--warmup_max_steps): {failure}"
@@ -680,7 +696,7 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
 WARMUP_KEYS = ("testbed", "env", "length", "directions", "map_size", "p", "max_turns", "walk_turns", "history_length",
                "train_tasks", "think", "actions", "hidden", "layers", "vocab", "warmup_steps", "warmup_max_steps",
                "warmup_legal", "warmup_batch", "warmup_lr", "warmup_balance_steps", "warmup_balance_tol",
-               "warmup_check")
+               "warmup_check", "warmup_restart_steps")
 
 
 def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
@@ -719,8 +735,10 @@ def warmup_line(w: dict) -> str:
     if "legal" not in w:
         return f"warm-up FAILED: {w.get('failed')}"
     pref = w.get("leads_on_among_two_legal")
-    return (f"warm-up {w['steps']} steps ({w.get('rules_steps')} to legal play, {w.get('balance_rounds')} balance "
-            f"round(s)) in {w['seconds']:.0f}s (CPU {w.get('cpu_seconds', float('nan')):.0f}s); final sampled check: legal {100 * w['legal']:.1f} %, passage "
+    return (f"warm-up {w['steps']} steps ({w.get('rules_steps')} to legal play, "
+            + (f"{w['restarts']} restart(s), init seed {w.get('init_seed')}, " if w.get("restarts") else "")
+            + f"{w.get('balance_rounds')} balance round(s)) in {w['seconds']:.0f}s (CPU "
+            f"{w.get('cpu_seconds', float('nan')):.0f}s); final sampled check: legal {100 * w['legal']:.1f} %, passage "
             f"preference {'n/a' if pref is None else f'{pref:.3f}'} (n={w.get('n_two_door')}), loss {w['loss']:.3f}"
             + (" FAILED" if w.get("failed") else ""))
 
@@ -930,6 +948,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup_balance_tol", type=float, default=0.05,
                    help="passage preference must end within 0.5 +- this on the final sampled check")
     p.add_argument("--warmup_check", type=int, default=1024, help="prompts in the warm-up's final sampled check")
+    p.add_argument("--warmup_restart_steps", type=int, default=1500,
+                   help="warm-up phase 1: restart from a fresh init (derived from the seed) when legal play is not "
+                        "reached within this many steps of an attempt (0: never)")
     p.add_argument("--warmup_legal", type=float, default=0.95,
                    help="stop the warm-up once this fraction of sampled moves is legal")
     p.add_argument("--warmup_batch", type=int, default=32)
@@ -1126,7 +1147,8 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
     def warm_figures(s):
         w = warmups.get(str(s), {})
         return {k: w.get(k) for k in ("legal", "leads_on_among_two_legal", "n_two_door", "steps", "rules_steps",
-                                      "balance_rounds", "seconds", "cpu_seconds", "valid_format", "failed") if k in w}
+                                      "balance_rounds", "restarts", "init_seed", "seconds", "cpu_seconds", "valid_format", "failed")
+                if k in w}
 
     payload = {
         "gap_pp": main_gap["gap_pp"] if main_gap else None,

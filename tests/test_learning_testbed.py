@@ -208,3 +208,17 @@ def test_headline_seeds_are_ten_fixed_seeds_disjoint_from_design_and_quick_seeds
     assert not set(learning.HEADLINE_SEEDS) & set(learning.DESIGN_SEEDS + [0, 1, 2, 103])
     assert learning.parse_args([]).seeds == learning.HEADLINE_SEEDS
     assert learning.parse_args(["--quick"]).seeds == [0]
+
+
+def test_warmup_restarts_from_a_fresh_init_derived_from_the_seed():
+    from gigpo_trl.models import build_tiny_model
+
+    a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "5", "--warmup_batch", "2",
+                              "--warmup_restart_steps", "2"])
+    a.warmup_fail_soft = True
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
+    stats = learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    # steps 1-2 on init 7, restart at step 2 (init 10007), steps 3-4, restart at 4 (init 20007), step 5, cap
+    assert (stats["steps"], stats["restarts"], stats["init_seed"]) == (5, 2, 20007)
+    assert "after 2 restart(s)" in stats["failed"]
+    assert "restart" in learning.WARMUP_KEYS[-1]
