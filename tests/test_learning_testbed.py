@@ -70,3 +70,155 @@ def test_listed_doors_follow_the_observation_not_the_passage():
         left_passages += env.rooms[0].passage == "left"
     assert first_is_passage == left_passages
     assert 100 < left_passages < 200
+
+
+# ------------------------------------------------------------------ the benchmark's protocol (issue 21)
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def test_eval_schedule_by_hand():
+    assert learning.eval_schedule(60, 5, 10) == [10, 20, 30, 40, 50, 55, 60]
+    assert learning.eval_schedule(30, 5, 5) == [5, 10, 15, 20, 25, 30]
+    assert learning.eval_schedule(45, 5, 10) == [10, 20, 30, 35, 40, 45]
+    assert learning.eval_schedule(3, 1, 1) == [1, 2, 3]
+    with pytest.raises(ValueError, match="iterations=14"):
+        learning.eval_schedule(14, 5, 10)
+
+
+def test_auc_is_the_trapezoid_over_uneven_points_divided_by_the_span():
+    pts = [{"iteration": 0, "sampled": 0.0}, {"iteration": 10, "sampled": 0.2}, {"iteration": 20, "sampled": 0.6},
+           {"iteration": 25, "sampled": 0.6}, {"iteration": 30, "sampled": 1.0}]
+    # 10 * 0.1 + 10 * 0.4 + 5 * 0.6 + 5 * 0.8 = 1 + 4 + 3 + 4 = 12, over 30 iterations
+    assert learning.auc(pts) == pytest.approx(12 / 30)
+    assert learning.auc(list(reversed(pts))) == pytest.approx(0.4)
+    assert learning.auc([{"iteration": 0, "sampled": 0.3}, {"iteration": 7, "sampled": 0.3}]) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="2 distinct iterations"):
+        learning.auc([{"iteration": 5, "sampled": 0.3}])
+
+
+_TOK = {}
+
+
+def _setup(argv=()):
+    a = learning.parse_args(list(argv))
+    factory = learning.env_factory_for(a)
+    if "tok" not in _TOK:
+        _TOK["tok"] = learning.make_tokenizer(a, factory, a.vocab)
+    return a, factory, _TOK["tok"]
+
+
+def test_warmup_batch_targets_every_legal_door_once_so_passages_and_dead_ends_balance():
+    a, factory, tok = _setup(["--warmup_batch", "32"])
+    ids, att, lab = learning.warmup_batch(tok, a, factory(), random.Random(3), list(range(256)))
+    targets = [tok.decode([t for t in row.tolist() if t != -100], skip_special_tokens=True) for row in lab]
+    doors = [t.split("<action>")[1].split("</action>")[0] for t in targets]
+    passages = sum(d in ("arch", "stairs") for d in doors)
+    dead_ends = sum(d in ("closet", "niche") for d in doors)
+    backs = doors.count("back")
+    assert passages == dead_ends > 0 and backs > 0
+    assert passages + backs == 32  # one state per room state (two doors) or dead end (back)
+    assert passages + dead_ends + backs == len(doors) == ids.shape[0] == att.shape[0]
+
+
+def _run(seed, arm, last3, greedy, auc_value, steps=900):
+    pts = [{"iteration": 0, "sampled": 0.1, "greedy": 0.0}, {"iteration": 10, "sampled": 0.2}] + [
+        {"iteration": it, "sampled": last3, "greedy": greedy} for it in (20, 25, 30)]
+    return {"arm": arm, "seed": seed, "points": pts, "headline_sampled": last3, "headline_greedy": greedy,
+            "auc_sampled": auc_value, "iters_to_50pct_train": None, "env_steps": steps, "generated_tokens": 7 * steps,
+            "wall_seconds": 100.0, "eval_seconds": 10.0, "anchor_phases": {},
+            "series": {"episode/success_rate": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}, "run_settings": {"iterations": 30}}
+
+
+def _write(folder, runs, warmups=None, wall=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    if warmups:
+        (folder / "warmups.json").write_text(json.dumps(warmups))
+    if wall is not None:
+        (folder / "invocation.json").write_text(json.dumps({"wall_seconds": wall}))
+    return str(folder / "runs.jsonl")
+
+
+def test_report_only_merges_split_runs_into_the_hand_computed_gaps(tmp_path):
+    warm = {"legal": 0.97, "leads_on_among_two_legal": 0.51, "n_two_door": 800, "steps": 700, "rules_steps": 500,
+            "balance_rounds": 1, "seconds": 80.0, "valid_format": 1.0, "loss": 0.1}
+    first = _write(tmp_path / "a", [_run(200, "GiGPO", 0.5, 0.25, 0.30), _run(200, "GRPO", 0.4, 0.25, 0.20),
+                                    _run(201, "GiGPO", 0.4, 0.0, 0.25), _run(201, "GRPO", 0.4, 0.5, 0.25)],
+                   {"200": warm, "201": warm | {"legal": 0.99}}, wall=1000.0)
+    second = _write(tmp_path / "b", [_run(202, "GRPO", 0.5, 0.5, 0.30), _run(202, "GiGPO", 0.7, 0.5, 0.40),
+                                     _run(203, "GiGPO", 0.9, 0.9, 0.9)],  # 203 lacks GRPO: not reported
+                    {"202": warm | {"steps": 900}}, wall=500.0)
+    out = tmp_path / "merged"
+    assert learning.main(["--report_only", "--runs", first, second, "--output_dir", str(out)]) == 0
+    d = json.loads((out / "learning.json").read_text())
+    assert d["seeds"] == [200, 201, 202] and d["is_headline"] is False
+    assert d["primary_metric"]["key"] == "headline_sampled" and d["primary_metric"]["gap"] == "GiGPO-GRPO/T=1"
+    # primary: gaps 10, 0, 20 pp; mean 10, sd 10, half width t(0.975, 2) * 10 / sqrt(3) = 4.303 * 5.7735 = 24.843
+    assert d["gap_pp"] == pytest.approx(10.0)
+    assert d["ci95_pp"] == pytest.approx([10 - 24.8434, 10 + 24.8434], abs=1e-3)
+    assert d["gaps"]["GiGPO-GRPO/T=1"]["per_seed_pp"] == pytest.approx({"200": 10.0, "201": 0.0, "202": 20.0})
+    # AUC: gaps 10, 0, 10 pp; mean 6.667, sd 5.7735, half width 4.303 * 5.7735 / sqrt(3) = 14.343
+    assert d["auc_gap_pp"] == pytest.approx(20 / 3)
+    assert d["auc_ci95_pp"] == pytest.approx([20 / 3 - 14.3433, 20 / 3 + 14.3433], abs=1e-3)
+    # greedy: 0, -50, 0 pp
+    assert d["gaps"]["GiGPO-GRPO/greedy"]["gap_pp"] == pytest.approx(-50 / 3)
+    assert d["per_seed"]["202"]["GiGPO"]["auc_sampled"] == 0.4
+    assert d["per_seed"]["202"]["warmup"]["steps"] == 900 and d["per_seed"]["201"]["warmup"]["legal"] == 0.99
+    assert d["total_seconds"] == pytest.approx(1500.0)
+    assert {"gap_pp", "ci95_pp", "seeds", "headline", "per_seed"} <= set(d)
+
+
+def test_report_only_refuses_duplicate_runs_and_mixed_settings(tmp_path):
+    first = _write(tmp_path / "a", [_run(200, "GiGPO", 0.5, 0.0, 0.3), _run(200, "GRPO", 0.4, 0.0, 0.2)])
+    dup = _write(tmp_path / "b", [_run(200, "GRPO", 0.1, 0.0, 0.1)])
+    with pytest.raises(ValueError, match="seed 200 arm GRPO appears twice"):
+        learning.load_runs([first, dup])
+    other = _run(201, "GRPO", 0.1, 0.0, 0.1) | {"run_settings": {"iterations": 60}}
+    mixed = _write(tmp_path / "c", [other])
+    with pytest.raises(ValueError, match="different settings"):
+        learning.load_runs([first, mixed])
+
+
+def test_warmup_that_misses_its_cap_fails_naming_the_seed():
+    from gigpo_trl.models import build_tiny_model
+
+    a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "2", "--warmup_batch", "2"])
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
+    with pytest.raises(learning.WarmupFailed, match=r"seed 7: warm-up failed at the 2-step cap .*legal moves nan"):
+        learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    a.warmup_fail_soft = True  # --quick: reported, not raised
+    stats = learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    assert stats["steps"] == 2 and stats["rules_steps"] is None and stats["failed"].startswith("seed 7: ")
+
+
+def test_door_balance_tolerance():
+    a = learning.parse_args([])
+    assert a.warmup_balance_tol == 0.05
+    assert learning.door_balanced({"leads_on_among_two_legal": 0.55}, a)
+    assert learning.door_balanced({"leads_on_among_two_legal": 0.45}, a)
+    assert not learning.door_balanced({"leads_on_among_two_legal": 0.56}, a)
+    assert not learning.door_balanced({"leads_on_among_two_legal": 0.44}, a)
+    assert not learning.door_balanced({"leads_on_among_two_legal": None}, a)
+
+
+def test_headline_seeds_are_ten_fixed_seeds_disjoint_from_design_and_quick_seeds():
+    assert learning.HEADLINE_SEEDS == list(range(200, 210))
+    assert not set(learning.HEADLINE_SEEDS) & set(learning.DESIGN_SEEDS + [0, 1, 2, 103])
+    assert learning.parse_args([]).seeds == learning.HEADLINE_SEEDS
+    assert learning.parse_args(["--quick"]).seeds == [0]
+
+
+def test_warmup_restarts_from_a_fresh_init_derived_from_the_seed():
+    from gigpo_trl.models import build_tiny_model
+
+    a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "5", "--warmup_batch", "2",
+                              "--warmup_restart_steps", "2"])
+    a.warmup_fail_soft = True
+    model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
+    stats = learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    # steps 1-2 on init 7, restart at step 2 (init 10007), steps 3-4, restart at 4 (init 20007), step 5, cap
+    assert (stats["steps"], stats["restarts"], stats["init_seed"]) == (5, 2, 20007)
+    assert "after 2 restart(s)" in stats["failed"]
+    assert "restart" in learning.WARMUP_KEYS[-1]
