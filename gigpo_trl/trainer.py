@@ -32,6 +32,7 @@ from trl.trainer.utils import pad, use_adapter
 from .advantage import compute_gigpo_advantages
 from .config import GiGPOConfig, scrubbed_tokens
 from .envs import get_env_class
+from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .microbatch import pack_rows, row_lengths, sub_batch_widths, take_rows
 from .rollout import DEFAULT_ENV_KEY, RolloutCollector, StepRow
@@ -176,6 +177,7 @@ class GiGPOTrainer(GRPOTrainer):
                 f"{self.router_aux_loss_coef}) is a statistic of one whole forward, not a sum over rows; set "
                 "max_tokens_per_microbatch=None or router_aux_loss_coef=0.0"
             )
+        warn_if_budget_exceeds_memory(self.model, args, self.accelerator.device)  # budget x memory/token > free
         if args.disable_dropout:
             _disable_attention_dropout(self.model)
         if getattr(self._tokenizer, "chat_template", None) is None:
