@@ -25,15 +25,15 @@ Then the ratios the issue asks for: peak(40 turns)/peak(5 turns) with the budget
 per trained token with the budget over without it at each length (target <= 1.10).
 
 `--default-model`: the default model (SmolLM2-135M-Instruct, fp32, LoRA r=16 on q_proj/v_proj as in the example
-job) on WebShop-length rows: every prompt is ~980 tokens (a fixed product-listing page, no history) and every
-completion the same 20 tokens, so a row is `--row-tokens` (1,000) padded tokens and a budget of B tokens packs
-B // 1,000 rows into each forward/backward. One optimizer step on that many rows (at least 2; `--rows` to set it),
-one TRL micro-batch, per setting,
-each setting in a fresh subprocess with the default allocator (what `/usr/bin/time -v` reports): gradient
+job) on WebShop-length rows: every prompt is a fixed product-listing page (no history) sized so that prompt + the one
+29-token completion = `--row-tokens` (1,000) padded tokens, and a budget of B tokens packs B // 1,000 rows into each
+forward/backward. One optimizer step on that many rows (at least 2; `--rows` sets it), one TRL micro-batch, per
+setting, each setting in a fresh subprocess with the default allocator (what `/usr/bin/time -v` reports): gradient
 checkpointing on (`use_reentrant=False`) at the budgets `--gc-budgets`, off at `--no-gc-budgets`. Printed per
 setting: peak RSS of the process (`ru_maxrss`, MiB), its growth during `trainer.train()` over the RSS before it,
-rows per forward, seconds of the step; then the growth per padded token between the two budgets of each mode
-(the slope that README's table extrapolates). Without checkpointing keep the budgets small: ~1.7 MiB per token.
+rows per forward, seconds of the step; then the growth per padded token between the smallest and largest budget of
+each mode (the slope that README's "Memory" table extrapolates). Without checkpointing keep the budgets small:
+~2.4 MiB per token (2 x 1,000 tokens ~6 GiB).
 """
 
 from __future__ import annotations
@@ -265,8 +265,9 @@ def main() -> None:
                         help="the default model on ~1,000-token rows, gradient checkpointing on and off")
     parser.add_argument("--gc-budgets", type=int, nargs="*", default=[1024, 2048],
                         help="budgets run with gradient checkpointing (--default-model)")
-    parser.add_argument("--no-gc-budgets", type=int, nargs="*", default=[1024, 2048],
-                        help="budgets run without gradient checkpointing (--default-model; ~1.7 MiB per token)")
+    parser.add_argument("--no-gc-budgets", type=int, nargs="*", default=[1024],
+                        help="budgets run without gradient checkpointing (--default-model; ~2.4 MiB per token: "
+                             "2,048 needs ~6 GiB)")
     parser.add_argument("--rows", type=int, default=None,
                         help="rows in the optimizer step (--default-model; even). Default: budget // row tokens, >= 2")
     parser.add_argument("--row-tokens", type=int, default=ROW_TOKENS, help="padded tokens per row (--default-model)")
