@@ -109,3 +109,13 @@ def check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
                 f"{name} has {len(dataset)} tasks, but one generation batch needs {needed} distinct tasks "
                 f"(generation_batch_size={args.generation_batch_size} / num_generations={args.num_generations})"
             )
+
+
+def check_budget_aux_loss(args: GiGPOConfig, aux_loss_enabled: bool, router_aux_loss_coef: float) -> None:
+    """Refuse (``ValueError``) a token budget together with a MoE load-balancing loss: that loss is a statistic of
+    one whole forward, not a sum over rows, so sub-batches would change it."""
+    if args.max_tokens_per_microbatch is not None and aux_loss_enabled:
+        raise ValueError(
+            f"the model's MoE load-balancing loss (router_aux_loss_coef={router_aux_loss_coef}) is a statistic of one "
+            "whole forward, not a sum over rows; set max_tokens_per_microbatch=None or router_aux_loss_coef=0.0"
+        )

