@@ -17,7 +17,6 @@ error and contributes no training rows, so its group's statistics are computed o
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -32,13 +31,6 @@ from .prompts import build_messages
 logger = logging.getLogger(__name__)
 
 DEFAULT_ENV_KEY = "default"
-
-
-def history_pair_hash(observation: str, action: str) -> int:
-    """Stable signed 64-bit hash of one shown (observation, action) pair: equal on every rank and run (Python's
-    ``hash`` of a ``str`` is salted per process), small to gather; a collision needs ~2**32 distinct pairs."""
-    data = f"{len(observation)}:{observation}{action}".encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 @dataclass
@@ -58,15 +50,13 @@ class StepRow:
     task_type: str | None = None
     completion_text: str = ""
     prompt_messages: list[dict] | None = None
-    # Stable 64-bit hashes of the previous (observation, action) pairs of this trajectory, oldest first, at most
-    # `history_key_depth` of them (HGPO's k-step contexts); () when the collector records none.
-    history_key: tuple[int, ...] = ()
 
 
 def advantage_keys(rows: list[StepRow]) -> list[tuple]:
     """What the advantage estimator reads of each row, small and picklable (gathered across ranks):
-    ``(group_id, trajectory_id, anchor_state, reward, action_valid, history_key)`` per row."""
-    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.history_key) for r in rows]
+    ``(group_id, trajectory_id, anchor_state, reward, action_valid)`` per row (HGPO's contexts are derived from the
+    anchors and the turn order, so nothing more is needed)."""
+    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in rows]
 
 
 @dataclass
@@ -120,8 +110,6 @@ class RolloutCollector:
         progress: show a per-turn tqdm bar.
         require_think: mark completions without ``<think>`` invalid.
         templates: ``{name: env instance}`` already built by the caller, used as that env's probe instance.
-        history_key_depth: record in each row's ``history_key`` the hashes of up to this many previous
-            (observation, action) pairs (HGPO contexts, see :func:`history_pair_hash`); ``0`` records none.
     """
 
     def __init__(
@@ -139,7 +127,6 @@ class RolloutCollector:
         progress: bool = False,
         require_think: bool = True,
         templates: Mapping[str, Any] | None = None,
-        history_key_depth: int = 0,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -158,7 +145,6 @@ class RolloutCollector:
         self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
-        self.history_key_depth = history_key_depth
         self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout}
         self.pools = {name: EnvPool(factory, **self._pool_kwargs) for name, factory in self.env_factories.items()}
         # One probe instance per env for prompt templates / limits (reusing any the caller already built); the
@@ -342,7 +328,7 @@ class RolloutCollector:
             record = TrajectoryRecord((trajectory_prefix, i), group_ids[i], row["task"], row.get("task_type"))
             batch.trajectories.append(record)
             states.append({"key": key, "task": row["task"], "seed": row.get("seed"), "record": record,
-                           "history": [], "done": False, "limit": self._turn_limit(key), "context": []})
+                           "history": [], "done": False, "limit": self._turn_limit(key)})
         for key, idxs in by_key.items():
             results = self._pool(key).reset([self._reset_task(key, tasks[i]) for i in idxs],
                                             [states[i]["seed"] for i in idxs])
@@ -425,7 +411,6 @@ class RolloutCollector:
                 trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
                 reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
                 completion_text=text, prompt_messages=messages,
-                history_key=tuple(st["context"][-self.history_key_depth:]) if self.history_key_depth else (),
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)
@@ -433,8 +418,6 @@ class RolloutCollector:
             if "task_score" in res.info:
                 record.task_score = float(res.info["task_score"])
             st["history"].append((str(st["observation"]), parsed.history_action))
-            if self.history_key_depth:
-                st["context"].append(history_pair_hash(*st["history"][-1]))
             st["observation"], st["anchor"] = res.observation, res.anchor
             st["admissible"] = res.info.get("admissible_actions", st["admissible"])
             if done:

@@ -258,7 +258,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
     def _advantages(self, keys: list[tuple]):
         """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples
         (all ranks' rows, in order), with this config's estimator settings."""
-        groups, trajs, anchors, rewards, valid, histories = zip(*keys)
+        groups, trajs, anchors, rewards, valid = zip(*keys)
         return compute_gigpo_advantages(
             rewards=np.asarray(rewards, dtype=np.float64),
             group_ids=list(groups),

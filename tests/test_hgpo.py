@@ -9,13 +9,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from toy_env import CorridorEnv, NoisyCorridorEnv
+from toy_env import NoisyCorridorEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
 from gigpo_trl.advantage import WEIGHT_EPS
 from gigpo_trl.metrics import level_metrics
-from gigpo_trl.parsing import parse_action
-from gigpo_trl.rollout import RolloutCollector, history_pair_hash
 
 # --------------------------------------------------------------------------
 # hand-computed case: one task group of 5 trajectories, gamma = 1, K = 2
@@ -381,34 +379,6 @@ def test_level_metrics():
     m = level_metrics(np.array([[0, -1], [0, 0], [0, 0], [1, -1]]))
     assert m["anchor/level_1/num_groups"] == 1.0 and m["anchor/level_1/row_group_size_mean"] == 2.0
     assert "anchor/level_1/num_groups" not in level_metrics(np.array([[0, -1], [0, -1]]))
-
-
-RIGHT = "<think>r</think><action>right</action>"
-LEFT = "<think>l</think><action>left</action>"
-
-
-def test_collector_records_history_keys(tiny_tokenizer):
-    texts = [RIGHT, LEFT, "junk"]
-    tok = lambda msgs: tiny_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,  # noqa
-                                                           return_dict=True)["input_ids"]
-    policy = lambda ids: ([tiny_tokenizer.encode(texts[i % 3]) for i in range(len(ids))], None)  # noqa: E731
-    collector = RolloutCollector({"default": CorridorEnv}, generate_fn=policy, tokenize_fn=tok,
-                                 decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True),
-                                 max_turns=4, history_key_depth=2)
-    batch = collector.collect([{"task": 6, "seed": 2}] * 3, group_ids=["g"] * 3)
-    for traj in batch.trajectories:
-        rows = [r for r in batch.rows if r.trajectory_id == traj.trajectory_id]
-        pairs = [(r.anchor_state, parse_action(r.completion_text, fallback="stay").action) for r in rows]
-        for t, row in enumerate(rows):
-            assert row.history_key == tuple(history_pair_hash(*p) for p in pairs[:t])[-2:]
-    at_start = [r for r in batch.rows if r.turn == 0]
-    assert len({r.anchor_state for r in at_start}) == 1 and {r.history_key for r in at_start} == {()}
-    # hashes are stable numbers (blake2b of "len:observation" + action, no per-process salt): pinned value
-    assert history_pair_hash("You are at position 2.", "left") == 6335927845889882839
-    assert history_pair_hash("ab", "c") != history_pair_hash("a", "bc")
-    # the default records nothing
-    collector.history_key_depth = 0
-    assert {r.history_key for r in collector.collect([{"task": 4, "seed": 0}] * 2, ["h"] * 2).rows} == {()}
 
 
 def test_trainer_passes_hgpo_options_and_logs_levels(tmp_path, tiny_model_dir, tiny_tokenizer):

@@ -52,7 +52,6 @@ import random
 import re
 from collections import namedtuple
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any, Callable
 
 PAPER_SPACY_MODEL = "en_core_web_sm"  # verl-agent's goal.py (princeton-nlp/WebShop before 2024-05: en_core_web_lg)
