@@ -239,12 +239,15 @@ def env_factory(job: JobArguments):
     return functools.partial(cls, **kwargs) if kwargs else cls
 
 
-def model_card(base_model: str | None, job: JobArguments, args, results: dict, local_name: str | None = None) -> str:
+def model_card(base_model: str | None, job: JobArguments, args, results: dict, local_name: str | None = None,
+               lora: bool = True) -> str:
     """Markdown model card: base model, environment, GiGPO settings and measured success rates.
 
     ``base_model`` is a Hub id (see :func:`gigpo_trl.models.hub_model_id`) or None for a local model of unknown
     origin, which the card then names by ``local_name`` in its text only (a ``base_model`` entry must be a Hub id).
+    ``lora``: the run trained a PEFT adapter (``library_name: peft``); False for full fine-tuning (the paper configs).
     """
+    kind = "LoRA adapter for" if lora else "Full fine-tune of"
     settings = {k: getattr(args, k) for k in (
         "step_advantage_weight", "gamma", "advantage_mode", "episode_stats", "invalid_action_penalty",
         "anchor_similarity_threshold", "num_generations", "max_turns", "history_length", "learning_rate", "beta",
@@ -252,9 +255,10 @@ def model_card(base_model: str | None, job: JobArguments, args, results: dict, l
     base_line = [f"base_model: {base_model}"] if base_model else []
     base_text = f"`{base_model}`" if base_model else f"a local model (`{local_name or 'unknown'}`)"
     lines = [
-        "---", "library_name: peft", *base_line, "tags: [gigpo, trl, reinforcement-learning, agent]",
+        "---", *(["library_name: peft"] if lora else []), *base_line,
+        "tags: [gigpo, trl, reinforcement-learning, agent]",
         "---", "", f"# GiGPO agent for {job.env}", "",
-        f"LoRA adapter for {base_text}, trained with GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) "
+        f"{kind} {base_text}, trained with GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) "
         f"using `gigpo_trl` on the `{job.env}` environment ({'official data' if job.data_dir else 'bundled data'}).",
         "", "## GiGPO settings", "", "| setting | value |", "| --- | --- |",
         *[f"| {k} | {v} |" for k, v in settings.items()], "", "## Evaluation (success rate, greedy)", "",
@@ -434,9 +438,11 @@ def run(job: JobArguments, args, model_args) -> int:
         out.write_text(json.dumps(results, indent=2, default=str))
         print(f"[gigpo] evaluation written to {out}", flush=True)
         if not job.eval_only:
-            card = model_card(hub_id, job, args, results, local_name=Path(base_model).name)
+            card = model_card(hub_id, job, args, results, local_name=Path(base_model).name,
+                              lora=peft_config is not None)
             Path(args.output_dir, "README.md").write_text(card)
-            print(f"[gigpo] adapter and model card saved in {args.output_dir}", flush=True)
+            saved = "adapter" if peft_config is not None else "model"
+            print(f"[gigpo] {saved} and model card saved in {args.output_dir}", flush=True)
             if push:
                 repo_id = args.hub_model_id or Path(args.output_dir).name
                 try:

@@ -87,6 +87,11 @@ def test_model_card_lists_settings_and_rates():
     assert "LoRA adapter for `Qwen/Qwen2.5-1.5B-Instruct`" in card
     assert "| step_advantage_weight | 0.0 |" in card and "| max_turns | 50 |" in card
     assert "| before | 0.125 | 8 |" in card and "| after | 0.500 | 8 |" in card
+    assert "library_name: peft" in card
+    # full fine-tuning (the paper configs): no peft metadata, and the card says what was trained
+    full = model_card("Qwen/Qwen2.5-1.5B-Instruct", Job(), Args(), {}, lora=False)
+    assert "library_name: peft" not in full and "LoRA" not in full
+    assert "Full fine-tune of `Qwen/Qwen2.5-1.5B-Instruct`, trained with GiGPO" in full
 
 
 def test_hub_model_id_of_default_hub_and_local_models(tmp_path, tiny_model_dir, monkeypatch):
