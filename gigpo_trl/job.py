@@ -27,6 +27,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from . import trl_compat
+from .envs import ENV_CLASSES
+from .envs.base import PROTOCOLS
 
 logger = logging.getLogger("gigpo_trl.job")
 
@@ -35,7 +37,7 @@ logger = logging.getLogger("gigpo_trl.job")
 class JobArguments:
     """Arguments of the example jobs (besides GiGPOConfig and TRL's ModelConfig)."""
 
-    env: str = field(default="webshop", metadata={"help": "Environment name: webshop, alfworld, frozenlake, sokoban."})
+    env: str = field(default="webshop", metadata={"help": f"Environment name: {', '.join(ENV_CLASSES)}."})
     data_dir: str | None = field(
         default=None,
         metadata={"help": "Official data of the environment (WebShop json files / ALFWorld data root). None: the "
@@ -54,7 +56,7 @@ class JobArguments:
         default="gigpo-trl",
         metadata={"help": "Environment protocol: 'verl-agent' reproduces the GiGPO paper's code (projection, prompts, "
                           "anchors, evaluation); 'gigpo-trl' is this project's own behaviour.",
-                  "choices": ["gigpo-trl", "verl-agent"]},
+                  "choices": list(PROTOCOLS)},
     )
     paper_eval_episodes: int = field(
         default=128,
