@@ -222,3 +222,13 @@ def test_warmup_restarts_from_a_fresh_init_derived_from_the_seed():
     assert (stats["steps"], stats["restarts"], stats["init_seed"]) == (5, 2, 20007)
     assert "after 2 restart(s)" in stats["failed"]
     assert "restart" in learning.WARMUP_KEYS[-1]
+
+
+def test_iters_to_counts_only_full_windows():
+    # a first rollout at 0.5 is a 1-iteration "running mean" of 0.5; the first full 5-window mean >= 0.5 is at 8:
+    # (0.31+0.47+0.62+0.47+0.41)/5 = 0.456 at 7, (0.47+0.62+0.47+0.41+0.62)/5 = 0.518 at 8
+    series = [0.5, 0.28, 0.31, 0.47, 0.62, 0.47, 0.41, 0.62, 0.69, 0.78]
+    assert learning.iters_to(series) == 8
+    assert learning.iters_to([0.5] * 5) == 5
+    assert learning.iters_to([0.9] * 4) is None  # never a full window
+    assert learning.iters_to([0.1] * 10) is None
