@@ -54,7 +54,7 @@ from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
-from .base import TextEnv, check_first_prompt_template, check_protocol
+from .base import TextEnv, init_protocol
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -443,16 +443,10 @@ class ALFWorldEnv(TextEnv):
     def __init__(self, data_dir: str | None = None, eval_split: str | None = None,
                  cache_dir: str | None = None, max_turns: int = 50, protocol: str = "gigpo-trl",
                  prompt_template: str | None = None, first_prompt_template: str | None = None):
-        self.protocol = check_protocol(protocol)
-        check_first_prompt_template(first_prompt_template, self.protocol)
-        self.paper = protocol == "verl-agent"
+        self.paper = init_protocol(self, protocol, prompt_template, first_prompt_template,
+                                   (VERL_AGENT_TEMPLATE, VERL_AGENT_FIRST_TEMPLATE))
         if eval_split is None:
             eval_split = "valid_seen" if self.paper else "valid_unseen"
-        if self.paper:
-            self.prompt_template = prompt_template or VERL_AGENT_TEMPLATE
-            self.first_prompt_template = first_prompt_template or VERL_AGENT_FIRST_TEMPLATE
-        elif prompt_template is not None:
-            self.prompt_template = prompt_template
         if eval_split not in ("valid_seen", "valid_unseen"):
             raise ValueError(f"eval_split must be 'valid_seen' or 'valid_unseen', got {eval_split!r}")
         if data_dir is None:

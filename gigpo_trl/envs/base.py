@@ -276,9 +276,29 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
-def check_first_prompt_template(first_prompt_template: str | None, protocol: str) -> None:
-    """Raise `ValueError` naming the value and the protocol when a first-step template is given under a protocol
-    that has none: only ``"verl-agent"`` prompts the first step with its own template (no history)."""
-    if first_prompt_template is not None and protocol != "verl-agent":
+def init_protocol(env: Any, protocol: str, prompt_template: str | None = None,
+                  first_prompt_template: str | None = None,
+                  verl_agent_templates: tuple[str, str] | None = None) -> bool:
+    """Set ``env.protocol`` and the env's prompt templates for it (an env's ``__init__`` calls this once); returns
+    whether the protocol is ``"verl-agent"``.
+
+    Under ``"verl-agent"`` with ``verl_agent_templates`` = (later-step template, first-step template):
+    ``env.prompt_template`` / ``env.first_prompt_template`` are the given templates or those defaults. Otherwise
+    ``env.prompt_template`` is ``prompt_template`` when given (else the class's stays).
+
+    Raises:
+        ValueError: ``protocol`` is not one of :data:`PROTOCOLS`, or a ``first_prompt_template`` is given under a
+            protocol that has none (only ``"verl-agent"`` prompts the first step with its own template, no history);
+            the message names the value and the protocol.
+    """
+    env.protocol = check_protocol(protocol)
+    paper = protocol == "verl-agent"
+    if first_prompt_template is not None and not paper:
         raise ValueError(f"first_prompt_template is a protocol='verl-agent' option (its first-step template); got "
                          f"first_prompt_template={first_prompt_template!r} with protocol={protocol!r}")
+    if paper and verl_agent_templates is not None:
+        env.prompt_template = prompt_template or verl_agent_templates[0]
+        env.first_prompt_template = first_prompt_template or verl_agent_templates[1]
+    elif prompt_template is not None:
+        env.prompt_template = prompt_template
+    return paper

@@ -46,7 +46,7 @@ from collections import deque
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .base import TextEnv, check_first_prompt_template, check_protocol, parse_move, seed_tasks
+from .base import TextEnv, init_protocol, parse_move, seed_tasks
 
 MOVES: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 ACTION_NAMES: list[str] = list(MOVES)
@@ -372,15 +372,10 @@ class SokobanEnv(TextEnv):
         prompt_template: str | None = None,
         first_prompt_template: str | None = None,
     ):
-        self.protocol = check_protocol(protocol)
-        check_first_prompt_template(first_prompt_template, self.protocol)
-        self.paper = protocol == "verl-agent"
+        self.paper = init_protocol(self, protocol, prompt_template, first_prompt_template,
+                                   (VERL_AGENT_TEMPLATE, VERL_AGENT_FIRST_TEMPLATE))
         if self.paper:
-            self.prompt_template = prompt_template or VERL_AGENT_TEMPLATE
-            self.first_prompt_template = first_prompt_template or VERL_AGENT_FIRST_TEMPLATE
             self.admissible_style = "quoted"
-        elif prompt_template is not None:
-            self.prompt_template = prompt_template
         self.dim_room = (int(dim_room[0]), int(dim_room[1]))
         self.num_boxes = int(num_boxes)
         self.success_reward = float(success_reward)

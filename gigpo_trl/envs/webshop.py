@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from . import webshop_paper as paper
-from .base import TextEnv, check_first_prompt_template, check_protocol
+from .base import TextEnv, check_protocol, init_protocol
 from .webshop_paper import paper_reward  # noqa: F401  (public: gigpo_trl.envs.webshop.paper_reward)
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "webshop"
@@ -544,10 +544,7 @@ class WebShopEnv(TextEnv):
     def __init__(self, data_dir: str | Path | None = None, variant: str = "1000", split: str = "train",
                  protocol: str = "gigpo-trl", prompt_template: str | None = None,
                  first_prompt_template: str | None = None):
-        self.protocol = check_protocol(protocol)
-        check_first_prompt_template(first_prompt_template, self.protocol)
-        if prompt_template is not None:
-            self.prompt_template = prompt_template
+        init_protocol(self, protocol, prompt_template, first_prompt_template)
         if data_dir is None:
             data_dir = os.environ.get("WEBSHOP_DATA") or "bundled"
         self._source = (str(data_dir), variant)
@@ -961,9 +958,8 @@ class PaperWebShopEnv(WebShopEnv):
                  prompt_template: str | None = None, first_prompt_template: str | None = None):
         if check_protocol(protocol) != "verl-agent":
             raise ValueError(f"PaperWebShopEnv runs protocol='verl-agent', got protocol={protocol!r}")
-        self.protocol = protocol
-        self.prompt_template = prompt_template or VERL_AGENT_TEMPLATE
-        self.first_prompt_template = first_prompt_template or VERL_AGENT_FIRST_TEMPLATE
+        init_protocol(self, protocol, prompt_template, first_prompt_template,
+                      (VERL_AGENT_TEMPLATE, VERL_AGENT_FIRST_TEMPLATE))
         if data_dir is None:
             data_dir = os.environ.get("WEBSHOP_DATA") or "bundled"
         self._source = (str(data_dir), variant, goal_seed)
