@@ -211,14 +211,15 @@ class Fp32GradAccumulator:
     """Sum the gradients of a micro-batch's token-budget sub-batches in fp32 when the trainable parameters are bf16
     (or fp16), so k sub-batches cost two roundings of ``.grad`` instead of k.
 
-    Protocol (:meth:`GiGPOTrainer.compute_loss`): :meth:`stash` before each backward of the sub-batches but the last
-    (moves ``.grad``, i.e. earlier micro-batches' gradients and the previous sub-batch's, into an fp32 buffer and
-    clears it, so each backward writes its own gradient exactly), once more after them, then :meth:`restore`
-    (``.grad`` = the buffer cast once); the last sub-batch's backward then adds into that ``.grad`` as usual.
-    Measured, relative gradient error against fp32 on the same weights: 16 unpadded one-row sub-batches of a bf16
-    tiny Qwen2 (benchmarks/bench_bf16_accumulation.py) 7.2e-3 to 7.5e-3 summed in bf16, 5.3e-3 to 5.6e-3 in fp32
-    (5.6e-3 to 5.9e-3 for one backward); through the trainer, 32 one-row sub-batches of rollout rows
-    (tests/test_numerics.py) 5.7e-2 summed in bf16, 2.6e-2 in fp32 (3.4e-1 for one padded backward of all 32).
+    Protocol (:meth:`gigpo_trl.token_budget.TokenBudgetMixin.compute_loss`): :meth:`stash` before each backward of
+    the sub-batches but the last (moves ``.grad``, i.e. earlier micro-batches' gradients and the previous
+    sub-batch's, into an fp32 buffer and clears it, so each backward writes its own gradient exactly), once more
+    after them, then :meth:`restore` (``.grad`` = the buffer cast once); the last sub-batch's backward then adds
+    into that ``.grad`` as usual. Measured, relative gradient error against fp32 on the same weights: 16 unpadded
+    one-row sub-batches of a bf16 tiny Qwen2 (benchmarks/bench_bf16_accumulation.py) 7.2e-3 to 7.5e-3 summed in
+    bf16, 5.3e-3 to 5.6e-3 in fp32 (5.6e-3 to 5.9e-3 for one backward); through the trainer, 32 one-row sub-batches
+    of rollout rows (tests/test_numerics.py) 5.7e-2 summed in bf16, 2.6e-2 in fp32 (3.4e-1 for one padded backward
+    of all 32).
 
     Memory: one fp32 copy of the trainable parameters' gradients while a micro-batch runs (LoRA: the adapter only).
     Not used under DeepSpeed or FSDP, which own the gradients (see :meth:`for_model`).

@@ -63,9 +63,10 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
 
     Args:
         model (`str` or `PreTrainedModel` or `PeftModel`): the policy; a path/Hub id is loaded by TRL.
-        env: an environment class or zero-argument factory (see :mod:`gigpo_trl.envs.base`), a registered name
-            (``"webshop"``, ``"alfworld"``, ``"frozenlake"``, ``"sokoban"``), or a dict ``{name: env}`` routed by the
-            task dataset's ``env`` column.
+        env: an environment class or zero-argument factory (see :mod:`gigpo_trl.envs.base`; a TRL
+            ``environment_factory`` class or an OpenEnv ``Environment`` is wrapped, see :mod:`gigpo_trl.envs.adapters`),
+            a registered name (``"webshop"``, ``"alfworld"``, ``"frozenlake"``, ``"sokoban"``, ``"corridor"``), or a
+            dict ``{name: env}`` routed by the task dataset's ``env`` column.
         args (`GiGPOConfig`, *optional*): training configuration.
         train_dataset (`datasets.Dataset`, *optional*): tasks, columns ``task``, ``seed`` (optional ``task_type``,
             ``env``). Default: the environment's ``tasks("train")``.
