@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS
+
 _SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
 
 
@@ -22,11 +24,8 @@ def scrubbed_tokens():
         _SCRUB_TOKENS.reset(reset)
 
 
-ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
-EPISODE_STATS = ("rows", "trajectories")
 # Loss types whose accumulated sub-batch gradient equals the unsplit one (see token_budget.TokenBudgetMixin._sub_batch_scale).
 BUDGET_LOSS_TYPES = ("dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo")
-STEP_GROUPINGS = ("state", "hierarchical")
 
 
 @dataclass
@@ -146,7 +145,7 @@ class GiGPOConfig(GRPOConfig):
     advantage_mode: str = field(
         default="mean_norm",
         metadata={"help": "Advantage normalisation: 'mean_norm' (x − mean) or 'mean_std_norm' ((x − mean)/(std + 1e-6)).",
-                  "choices": list(ADVANTAGE_MODES)},
+                  "choices": list(MODES)},
     )
     episode_stats: str = field(
         default="rows",
@@ -259,8 +258,8 @@ class GiGPOConfig(GRPOConfig):
                 f"{self.num_generations!r}"
             )
         super().__post_init__()
-        if self.advantage_mode not in ADVANTAGE_MODES:
-            raise ValueError(f"advantage_mode must be one of {list(ADVANTAGE_MODES)}, got {self.advantage_mode!r}")
+        if self.advantage_mode not in MODES:
+            raise ValueError(f"advantage_mode must be one of {list(MODES)}, got {self.advantage_mode!r}")
         if self.episode_stats not in EPISODE_STATS:
             raise ValueError(f"episode_stats must be one of {list(EPISODE_STATS)}, got {self.episode_stats!r}")
         if not 0.0 <= self.gamma <= 1.0:
