@@ -8,6 +8,8 @@
   near-duplicate texts (:mod:`.similarity`).
 * HGPO (He, Feng et al., arXiv 2602.22817), ``step_grouping="hierarchical"``: nested groups of shared
   history, the weighted mean of their advantages — :mod:`.hgpo`.
+* GraphGPO (Cheng, He, Feng et al., arXiv 2605.26684), ``step_return="graph"``: GiGPO's levels with the
+  step return read off each task group's transition graph, ``10 * gamma ** d(next state)`` — :mod:`.graph`.
 
 The numerical conventions follow the reference implementation that produced the papers' tables
 (invalid-action penalty, per-row episode statistics, ``A_S = 0`` for a singleton step group, ``1e-6`` added
@@ -17,7 +19,7 @@ its allowed option values live in :mod:`.options`, which ``GiGPOConfig`` imports
 """
 
 from .estimator import AdvantageResult, compute_gigpo_advantages
-from .options import EPISODE_STATS, MODES, STD_EPS, STEP_GROUPINGS, WEIGHT_EPS
+from .options import EPISODE_STATS, MODES, STD_EPS, STEP_GROUPINGS, STEP_RETURNS, WEIGHT_EPS
 
-__all__ = ["EPISODE_STATS", "MODES", "STD_EPS", "STEP_GROUPINGS", "WEIGHT_EPS", "AdvantageResult",
+__all__ = ["EPISODE_STATS", "MODES", "STD_EPS", "STEP_GROUPINGS", "STEP_RETURNS", "WEIGHT_EPS", "AdvantageResult",
            "compute_gigpo_advantages"]

@@ -1,7 +1,7 @@
 """The estimator's one entry point: validate -> codes -> returns -> A_E, A_S -> A.
 
 :func:`compute_gigpo_advantages` reads top to bottom in the papers' symbols; each step is a function of the
-module that holds its paper (``gigpo``, ``hgpo``, ``similarity``), on the integer codes of ``rows``.
+module that holds its paper (``gigpo``, ``hgpo``, ``graph``, ``similarity``), on the integer codes of ``rows``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import torch
 
 from .gigpo import discounted_returns, episode_relative_advantages, lone_trajectory_rows, step_relative_advantages
 from .hgpo import hierarchical_advantages, history_contexts
-from .options import EPISODE_STATS, MODES, STEP_GROUPINGS
+from .graph import distances_to_success, graph_step_returns, hops_to_success, transition_graph
+from .options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .rows import (as_rewards, as_scalar, as_valid, check_length, dense_codes, exact_anchor_codes, factorize,
-                   pair_codes, previous_rows, turn_order)
+                   joint_anchor_codes, pair_codes, previous_rows, turn_order)
 from .similarity import similar_anchor_codes
 
 __all__ = ["AdvantageResult", "compute_gigpo_advantages"]
@@ -41,8 +42,10 @@ class AdvantageResult:
         ``advantages``).
     advantages : ``A_E + omega * A_S`` (Sec. 3.3); HGPO's weighted advantage
         for ``step_grouping="hierarchical"``.
-    step_returns : discounted return ``G_t`` of the row (reward units) minus the
-        row's invalid-action penalty; the quantity that ``A_S`` normalises.
+    step_returns : the row's step return minus its invalid-action penalty;
+        the quantity that ``A_S`` normalises: the discounted return ``G_t``
+        (reward units), or GraphGPO's ``10 * gamma ** d`` for
+        ``step_return="graph"``.
     anchor_group_ids : step group of the row, labels ``0..K-1``. Two rows
         share a label iff they share a step group; the label values are an
         implementation detail (they may change when rows are permuted).
@@ -57,6 +60,14 @@ class AdvantageResult:
     level_group_sizes : ``(R, K + 1)`` int, number of rows in each ``G_k``
         (non-increasing along a row: the groups are nested), 0 where the row
         has no level ``k``.
+    next_state_distances : ``step_return="graph"`` only (else ``None``): int,
+        the fewest transitions of the task group's graph from the state the
+        row's action led to to success (0: the action succeeded), ``-1``
+        where there is no path (its return then uses the group's largest
+        distance + 1, see :mod:`~gigpo_trl.advantage.graph`).
+    anchor_reaches_success : ``step_return="graph"`` only (else ``None``):
+        bool, whether the row's anchor state has a path to success in its
+        task group's graph.
     """
 
     episode_advantages: Any
@@ -68,6 +79,8 @@ class AdvantageResult:
     anchor_group_sizes: Any
     level_group_ids: Any = None
     level_group_sizes: Any = None
+    next_state_distances: Any = None
+    anchor_reaches_success: Any = None
 
 
 def compute_gigpo_advantages(
@@ -87,8 +100,11 @@ def compute_gigpo_advantages(
     history_keys: Any = None,
     hierarchy_alpha: float = 1.0,
     hierarchy_base_group: bool = False,
+    step_return: str = "discounted",
+    next_anchor_states: Sequence[Any] | np.ndarray | torch.Tensor | None = None,
+    graph_normalize_distance: bool = False,
 ) -> AdvantageResult:
-    """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's) for ``R`` rows (agent turns).
+    """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's, or GraphGPO's) for ``R`` rows (agent turns).
 
     Parameters
     ----------
@@ -157,6 +173,21 @@ def compute_gigpo_advantages(
     hierarchy_base_group : bool
         The recipe's ``base_group``: add ``A_E`` to a row's HGPO items as
         one more item of weight 1 (default ``False``, as its scripts).
+    step_return : {"discounted", "graph"}
+        The return that ``A_S`` normalises: GiGPO's ``G_t`` (default), or
+        GraphGPO's (arXiv 2605.26684) read off each task group's transition
+        graph, ``10 * gamma ** d(s')`` with ``d(s')`` the distance from the
+        state the action led to to success (see Notes). Needs
+        ``next_anchor_states``, ``step_grouping="state"`` and exact anchors.
+    next_anchor_states : (R,) observations, optional
+        For ``step_return="graph"`` (ignored otherwise): the anchor of the
+        observation the row's action returned (the next row's anchor state,
+        or the final observation's for a trajectory's last row), of the
+        same kinds as ``anchor_states`` and matched with them.
+    graph_normalize_distance : bool
+        The recipe's ``normalize_distance``: ``10 * gamma ** (d(s') - d(s) +
+        1)``, rewarding progress from the anchor state ``s``, instead of
+        ``10 * gamma ** d(s')`` (default ``False``, as its run scripts).
 
     Returns
     -------
@@ -193,6 +224,19 @@ def compute_gigpo_advantages(
       0 here, where float32 rounding may leave a tiny non-zero item), and
       the lone-trajectory rule below. Cost: one code pairing and one
       segment normalisation per level, no per-row Python loop.
+    * ``step_return="graph"`` is GraphGPO as its authors' recipe computes
+      it (``recipe/GraphGPO`` of langfengQ/verl-agent; see
+      :mod:`~gigpo_trl.advantage.graph`): per task group one edge
+      ``anchor -> next anchor`` per row, the last row of a trajectory with
+      ``R_tau > 0`` leading to the node *success*; ``d`` is the shortest
+      path length to success, ``D + 1`` for a state without a path (``D``
+      the group's largest finite distance; 1 for every state of a group
+      without success, whose step advantages are then 0). The return
+      ``10 * gamma ** d(s')`` is not discounted along the trajectory (the
+      recipe's gamma: 0.10 on ALFWorld, 0.20 on WebShop); the penalty, the
+      step groups, ``A_S``, ``A_E`` and ``A = A_E + omega * A_S`` are
+      GiGPO's, unchanged. Differences from the recipe: float64, and the
+      lone-trajectory rule below.
     * A task group with ONE trajectory (in training: the other members'
       environments failed and their rows were dropped) gets ``A_E = 0`` and
       ``A_S = 0`` on every row: a population of one carries no relative
@@ -210,25 +254,40 @@ def compute_gigpo_advantages(
         ``step_advantage_weight`` / ``invalid_action_penalty``, unknown
         ``mode`` or ``episode_stats``, ``similarity_threshold`` outside
         (0, 1), non-boolean ``action_valid``, unknown ``step_grouping``,
-        negative ``hierarchy_depth`` or ``hierarchy_alpha``.
+        negative ``hierarchy_depth`` or ``hierarchy_alpha``, unknown
+        ``step_return``, ``step_return="graph"`` without
+        ``next_anchor_states`` or with ``step_grouping="hierarchical"`` or a
+        ``similarity_threshold``.
     TypeError
         Unhashable ``group_ids`` / ``trajectory_ids`` / ``anchor_states``,
         non-str ``anchor_states`` with a ``similarity_threshold``, non-numeric
         scalar arguments or ``rewards``, non-int ``hierarchy_depth``,
-        non-bool ``hierarchy_base_group``.
+        non-bool ``hierarchy_base_group`` or ``graph_normalize_distance``,
+        unhashable ``next_anchor_states``.
     """
     s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma, step_advantage_weight, mode,
                   invalid_action_penalty, episode_stats, similarity_threshold, step_grouping, hierarchy_depth,
-                  history_keys, hierarchy_alpha, hierarchy_base_group)
+                  history_keys, hierarchy_alpha, hierarchy_base_group, step_return, next_anchor_states,
+                  graph_normalize_distance)
+    graph_fields = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)) if s.step_return == "graph" else None
     if len(s.r) == 0:
         empty, ids, levels = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, s.depth + 1), dtype=np.int64)
-        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels))
-    c = _row_codes(group_ids, trajectory_ids, anchor_states, s.threshold)  # step 1: codes, turn order
+        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels), graph_fields)
+    nexts = next_anchor_states if s.step_return == "graph" else None
+    c = _row_codes(group_ids, trajectory_ids, anchor_states, s.threshold, nexts)  # step 1: codes, turn order
     nxt, turn = turn_order(c.traj)
     row_penalty = s.penalty * (~s.valid)  # step 2: R_tau, G
     R_tau = np.bincount(c.traj, weights=s.r, minlength=c.n_traj)
     episode_returns = R_tau[c.traj]
-    G = discounted_returns(s.r, nxt, turn, s.gamma) - row_penalty
+    if s.step_return == "discounted":
+        G = discounted_returns(s.r, nxt, turn, s.gamma) - row_penalty
+    else:  # GraphGPO: the return of where the action led, in the task group's transition graph
+        graph = transition_graph(c.group, c.anchor, c.next_anchor, c.n_anchors, nxt[:-1] == len(s.r),
+                                 episode_returns > 0)
+        hops = hops_to_success(graph)
+        d = distances_to_success(graph, hops, c.n_groups)
+        G = graph_step_returns(d, graph, s.gamma, s.normalize_distance) - row_penalty
+        graph_fields = (hops[graph.target], hops[graph.source] >= 0)
     A_E = episode_relative_advantages(  # step 3: A_E (Sec. 3.1)
         episode_returns - row_penalty, R_tau, c.group, c.traj, c.n_groups, c.n_traj, s.mode, s.episode_stats
     )
@@ -243,7 +302,8 @@ def compute_gigpo_advantages(
         A_S, level_sizes = hierarchical_advantages(G, A_E, levels, s.mode, s.alpha, s.base_group)
         A_S[lone] = 0.0
         A, level_ids = A_S, np.stack([codes for codes, _ in levels], axis=1)
-    return _package(rewards, A_E, A_S, A, G, c.step, episode_returns, level_sizes[:, 0], (level_ids, level_sizes))
+    return _package(rewards, A_E, A_S, A, G, c.step, episode_returns, level_sizes[:, 0], (level_ids, level_sizes),
+                    graph_fields)
 
 
 
@@ -263,11 +323,14 @@ class _Settings:
     depth: int
     alpha: float
     base_group: bool
+    step_return: str
+    normalize_distance: bool
 
 
 def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma, step_advantage_weight, mode,
               invalid_action_penalty, episode_stats, similarity_threshold, step_grouping, hierarchy_depth,
-              history_keys, hierarchy_alpha, hierarchy_base_group) -> _Settings:
+              history_keys, hierarchy_alpha, hierarchy_base_group, step_return, next_anchor_states,
+              graph_normalize_distance) -> _Settings:
     """Check every argument (errors name the argument and the value) and convert rewards / validity flags."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -289,6 +352,19 @@ def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, g
     alpha = as_scalar(hierarchy_alpha, "hierarchy_alpha", 0.0)
     if not isinstance(hierarchy_base_group, (bool, np.bool_)):
         raise TypeError(f"hierarchy_base_group must be a bool, got {type(hierarchy_base_group).__name__}")
+    if step_return not in STEP_RETURNS:
+        raise ValueError(f"step_return must be one of {STEP_RETURNS}, got {step_return!r}")
+    if not isinstance(graph_normalize_distance, (bool, np.bool_)):
+        raise TypeError(f"graph_normalize_distance must be a bool, got {type(graph_normalize_distance).__name__}")
+    if step_return == "graph":
+        if next_anchor_states is None:
+            raise ValueError("step_return='graph' needs next_anchor_states (the anchor each row's action led to)")
+        if step_grouping != "state":
+            raise ValueError(f"step_return='graph' uses GiGPO's step groups: step_grouping must be 'state', got "
+                             f"{step_grouping!r}")
+        if similarity_threshold is not None:
+            raise ValueError(f"step_return='graph' matches states exactly (its graph's nodes): similarity_threshold "
+                             f"must be None, got {similarity_threshold!r}")
     if history_keys is not None:
         warnings.warn("history_keys is deprecated and ignored (it will be removed in the next release): HGPO's "
                       "contexts are derived from anchor_states and the turn order", DeprecationWarning, stacklevel=3)
@@ -302,13 +378,17 @@ def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, g
     check_length(group_ids, "group_ids", n)
     check_length(trajectory_ids, "trajectory_ids", n)
     check_length(anchor_states, "anchor_states", n)
+    if step_return == "graph":
+        check_length(next_anchor_states, "next_anchor_states", n)
     return _Settings(r, as_valid(action_valid, n), gamma, omega, penalty, mode, episode_stats, similarity_threshold,
-                     step_grouping, int(hierarchy_depth) if hierarchical else 0, alpha, bool(hierarchy_base_group))
+                     step_grouping, int(hierarchy_depth) if hierarchical else 0, alpha, bool(hierarchy_base_group),
+                     step_return, bool(graph_normalize_distance))
 
 
 @dataclass
 class _RowCodes:
-    """Integer codes ``0..n-1`` per row: task group, trajectory (a (group, id) pair), step group (Sec. 3.2)."""
+    """Integer codes ``0..n-1`` per row: task group, trajectory (a (group, id) pair), step group (Sec. 3.2); with
+    next anchors also the anchor and next anchor themselves, in one code space ``0..n_anchors-1``."""
 
     group: np.ndarray
     n_groups: int
@@ -316,23 +396,35 @@ class _RowCodes:
     n_traj: int
     step: np.ndarray
     n_steps: int
+    anchor: np.ndarray | None = None
+    next_anchor: np.ndarray | None = None
+    n_anchors: int = 0
 
 
-def _row_codes(group_ids, trajectory_ids, anchor_states, threshold) -> _RowCodes:
+def _row_codes(group_ids, trajectory_ids, anchor_states, threshold, next_anchor_states=None) -> _RowCodes:
     """Step 1: codes of task groups, trajectories and anchor states (exact or fuzzy, never across task groups)."""
     group_codes, n_groups = factorize(group_ids, "group_ids")
     traj_in_group, n_traj_ids = factorize(trajectory_ids, "trajectory_ids")
     traj_codes, n_traj = pair_codes(group_codes, traj_in_group, n_traj_ids)
-    if threshold is None:
-        anchor_codes, n_anchors = exact_anchor_codes(anchor_states)
-        step_codes, n_steps = pair_codes(group_codes, anchor_codes, n_anchors)
-    else:
+    if threshold is not None:
         step_codes, n_steps = dense_codes(similar_anchor_codes(anchor_states, group_codes, threshold))
-    return _RowCodes(group_codes, n_groups, traj_codes, n_traj, step_codes, n_steps)
+        return _RowCodes(group_codes, n_groups, traj_codes, n_traj, step_codes, n_steps)
+    if next_anchor_states is None:
+        anchor_codes, n_anchors = exact_anchor_codes(anchor_states)
+        next_codes = None
+    else:
+        try:
+            anchor_codes, next_codes, n_anchors = joint_anchor_codes(anchor_states, next_anchor_states)
+        except TypeError as err:
+            raise TypeError(f"{err} (in anchor_states or next_anchor_states)") from None
+    step_codes, n_steps = pair_codes(group_codes, anchor_codes, n_anchors)
+    return _RowCodes(group_codes, n_groups, traj_codes, n_traj, step_codes, n_steps, anchor_codes, next_codes, n_anchors)
 
 
-def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels=(None, None)) -> AdvantageResult:
+def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels=(None, None),
+             graph_fields=None) -> AdvantageResult:
     """Wrap outputs as numpy float64 or torch tensors matching ``rewards``."""
+    graph_fields = graph_fields or (None, None)
     floats = (A_E, A_S, A, G, episode_returns)
     if isinstance(rewards, torch.Tensor):
         dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
@@ -341,6 +433,8 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels
         step_codes, sizes = (torch.from_numpy(np.asarray(v, dtype=np.int64)).to(dev) for v in (step_codes, sizes))
         levels = tuple(None if v is None else torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(dev)
                        for v in levels)
+        graph_fields = tuple(None if v is None else torch.from_numpy(np.ascontiguousarray(v)).to(dev)
+                             for v in graph_fields)
     else:
         step_codes, sizes = np.asarray(step_codes, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     A_E, A_S, A, G, episode_returns = floats
@@ -354,4 +448,6 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels
         anchor_group_sizes=sizes,
         level_group_ids=levels[0],
         level_group_sizes=levels[1],
+        next_state_distances=graph_fields[0],
+        anchor_reaches_success=graph_fields[1],
     )

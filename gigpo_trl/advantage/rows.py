@@ -233,6 +233,22 @@ def exact_anchor_codes(anchor_states: Any) -> tuple[np.ndarray, int]:
     return codes, len(uniques)
 
 
+def joint_anchor_codes(anchor_states: Any, next_anchor_states: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """Codes of two ``(R,)`` sequences of anchors in one code space (a state reached is the state left).
+
+    Returns ``(anchor_codes, next_codes, U)``; matching as in :func:`exact_anchor_codes`.
+    """
+    a, b = to_numpy(anchor_states), to_numpy(next_anchor_states)
+    n = len(a)
+    if (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype.kind == b.dtype.kind != "O"
+            and a.shape[1:] == b.shape[1:]):
+        both = np.concatenate([a, b])
+    else:
+        both = [*a, *b]
+    codes, n_codes = exact_anchor_codes(both)
+    return codes[:n], codes[n:], n_codes
+
+
 def pair_codes(outer: np.ndarray, inner: np.ndarray, n_inner: int) -> tuple[np.ndarray, int]:
     """Codes of the ``(outer, inner)`` pairs, e.g. (task group, anchor) or (task group, trajectory).
 
