@@ -176,3 +176,77 @@ def test_torch_input_and_gigpo_unchanged_without_graph():
 def test_bad_input(kw, exc, match):
     with pytest.raises(exc, match=match):
         compute_gigpo_advantages([0.0, 1.0, 0.0], [0, 0, 0], [0, 0, 1], ["a", "b", "a"], **kw)
+
+
+# --------------------------------------------------------------------------
+# config, metrics, collector, trainer
+# --------------------------------------------------------------------------
+
+
+def test_config_fields_and_validation(tmp_path):
+    from gigpo_trl import GiGPOConfig
+
+    common = dict(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, use_cpu=True)
+    args = GiGPOConfig(**common)
+    assert (args.step_return, args.graph_normalize_distance) == ("discounted", False)
+    assert GiGPOConfig(**common, step_return="graph", gamma=0.1).step_return == "graph"
+    with pytest.raises(ValueError, match=r"step_return must be one of \['discounted', 'graph'\], got 'graphgpo'"):
+        GiGPOConfig(**common, step_return="graphgpo")
+    with pytest.raises(ValueError, match="graph_normalize_distance must be True or False, got 'yes'"):
+        GiGPOConfig(**common, graph_normalize_distance="yes")
+    with pytest.raises(ValueError, match="step_grouping must be 'state', got 'hierarchical'"):
+        GiGPOConfig(**common, step_return="graph", step_grouping="hierarchical")
+    with pytest.raises(ValueError, match="anchor_similarity_threshold must be None, got 0.9"):
+        GiGPOConfig(**common, step_return="graph", anchor_similarity_threshold=0.9)
+
+
+def test_graph_metrics_by_hand():
+    from gigpo_trl.metrics import graph_metrics
+
+    res = _graph(SHARED)
+    m = graph_metrics(res.next_state_distances, res.anchor_reaches_success, res.anchor_group_ids)
+    assert m["graph/states_reaching_success"] == 0.75  # A, B, C reach success, D does not
+    assert m["graph/rows_reaching_success"] == pytest.approx(4 / 7)  # rows 0, 1, 2, 5
+    assert m["graph/next_distance_mean"] == pytest.approx((2 + 1 + 0 + 2) / 4)
+    assert m["graph/next_distance_hist/0"] == pytest.approx(1 / 7)
+    assert m["graph/next_distance_hist/1"] == pytest.approx(1 / 7)
+    assert m["graph/next_distance_hist/2"] == pytest.approx(2 / 7)
+    assert m["graph/next_distance_hist/3-4"] == 0.0
+    assert m["graph/next_distance_hist/none"] == pytest.approx(3 / 7)
+    assert graph_metrics(np.zeros(0, int), np.zeros(0, bool), np.zeros(0, int)) == {}
+    assert "graph/next_distance_mean" not in graph_metrics(np.array([-1]), np.array([False]), np.array([0]))
+
+
+def test_collector_records_next_anchor_and_trainer_passes_graph_options(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from test_trainer import capture_rollouts, make_args
+    from toy_env import NoisyCorridorEnv
+
+    from gigpo_trl import GiGPOTrainer
+    from gigpo_trl.metrics import graph_metrics
+
+    args = make_args(tmp_path, step_return="graph", gamma=0.2, graph_normalize_distance=True, max_turns=5)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    batches = capture_rollouts(trainer)
+    trainer.model.train()
+    out = trainer._generate_and_score_completions([{"task": 5, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)
+    rows = batches[0].rows
+    # the next anchor of a row is the next row's anchor in its trajectory (the env's observation after the action)
+    for row, following in zip(rows, rows[1:]):
+        if following.trajectory_id == row.trajectory_id:
+            assert row.next_anchor_state == following.anchor_state
+    assert all(r.next_anchor_state is not None for r in rows)
+    kw = dict(rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
+              trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
+              action_valid=np.array([r.action_valid for r in rows]), gamma=0.2, step_return="graph",
+              next_anchor_states=[r.next_anchor_state for r in rows])
+    expected = compute_gigpo_advantages(**kw, graph_normalize_distance=True)
+    torch.testing.assert_close(out["advantages"][: len(rows)], torch.tensor(expected.advantages, dtype=torch.float32))
+    # the options reach the estimator: GiGPO's return, or the other distance form, give other advantages here
+    assert not np.allclose(compute_gigpo_advantages(**{**kw, "step_return": "discounted"}).advantages,
+                           expected.advantages)
+    assert not np.allclose(compute_gigpo_advantages(**kw).advantages, expected.advantages)
+    logged = trainer._metrics["train"]
+    for key, value in graph_metrics(expected.next_state_distances, expected.anchor_reaches_success,
+                                    expected.anchor_group_ids).items():
+        assert logged[key] == [pytest.approx(value)]
+    assert "graph/states_reaching_success" in logged
