@@ -250,3 +250,41 @@ def test_collector_records_next_anchor_and_trainer_passes_graph_options(tmp_path
                                     expected.anchor_group_ids).items():
         assert logged[key] == [pytest.approx(value)]
     assert "graph/states_reaching_success" in logged
+
+
+# the recipe's run scripts (run_qwen2.5_1.5b_{alfworld,webshop}_train.sh) differ from the GiGPO paper's in these keys
+RECIPE = {
+    "alfworld": dict(gamma=0.1, advantage_mode="mean_std_norm", step_return="graph", graph_normalize_distance=False),
+    "webshop": dict(gamma=0.2, advantage_mode="mean_std_norm", step_return="graph", graph_normalize_distance=False,
+                    max_prompt_length=5120),
+}
+
+
+@pytest.mark.parametrize("env", sorted(RECIPE))
+def test_graphgpo_configs_are_the_paper_configs_with_the_recipe_settings(env, tmp_path):
+    import os
+
+    import yaml
+
+    from gigpo_trl import GiGPOConfig
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    with open(os.path.join(root, f"{env}_graphgpo.yaml"), encoding="utf-8") as f:
+        graph = yaml.safe_load(f)
+    with open(os.path.join(root, f"{env}_paper.yaml"), encoding="utf-8") as f:
+        paper = yaml.safe_load(f)
+    expected = {**paper, **RECIPE[env], "output_dir": f"outputs/graphgpo-{env}-paper-1.5b"}
+    assert graph == expected
+    assert graph["step_advantage_weight"] == 1.0 and graph["invalid_action_penalty"] == 0.1
+    assert graph["num_generations"] == 8
+    import dataclasses
+
+    from trl import ModelConfig
+
+    from gigpo_trl.job import JobArguments
+
+    assert set(graph) <= {f.name for cls in (JobArguments, GiGPOConfig, ModelConfig) for f in dataclasses.fields(cls)}
+    # the estimator fields make a valid config
+    fields = {k: graph[k] for k in ("gamma", "advantage_mode", "step_return", "graph_normalize_distance",
+                                     "step_advantage_weight", "invalid_action_penalty", "num_generations")}
+    GiGPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, use_cpu=True, **fields)
