@@ -15,7 +15,7 @@ import torch
 
 from .gigpo import discounted_returns, episode_relative_advantages, lone_trajectory_rows, step_relative_advantages
 from .hgpo import hierarchical_advantages, history_contexts
-from .graph import distances_to_success, graph_step_returns, hops_to_success, transition_graph
+from .graph import graph_returns
 from .options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .rows import (as_rewards, as_scalar, as_valid, check_length, dense_codes, exact_anchor_codes, factorize,
                    joint_anchor_codes, pair_codes, previous_rows, turn_order)
@@ -282,12 +282,9 @@ def compute_gigpo_advantages(
     if s.step_return == "discounted":
         G = discounted_returns(s.r, nxt, turn, s.gamma) - row_penalty
     else:  # GraphGPO: the return of where the action led, in the task group's transition graph
-        graph = transition_graph(c.group, c.anchor, c.next_anchor, c.n_anchors, nxt[:-1] == len(s.r),
-                                 episode_returns > 0)
-        hops = hops_to_success(graph)
-        d = distances_to_success(graph, hops, c.n_groups)
-        G = graph_step_returns(d, graph, s.gamma, s.normalize_distance) - row_penalty
-        graph_fields = (hops[graph.target], hops[graph.source] >= 0)
+        G, *graph_fields = graph_returns(c.group, c.n_groups, c.anchor, c.next_anchor, c.n_anchors,
+                                         nxt[:-1] == len(s.r), episode_returns > 0, s.gamma, s.normalize_distance)
+        G -= row_penalty
     A_E = episode_relative_advantages(  # step 3: A_E (Sec. 3.1)
         episode_returns - row_penalty, R_tau, c.group, c.traj, c.n_groups, c.n_traj, s.mode, s.episode_stats
     )
@@ -304,7 +301,6 @@ def compute_gigpo_advantages(
         A, level_ids = A_S, np.stack([codes for codes, _ in levels], axis=1)
     return _package(rewards, A_E, A_S, A, G, c.step, episode_returns, level_sizes[:, 0], (level_ids, level_sizes),
                     graph_fields)
-
 
 
 @dataclass

@@ -109,3 +109,18 @@ def graph_step_returns(d: np.ndarray, graph: TransitionGraph, gamma: float, norm
     """
     exponent = d[graph.target] - d[graph.source] + 1.0 if normalize_distance else d[graph.target]
     return SUCCESS_RETURN * np.power(gamma, exponent)
+
+
+def graph_returns(group_codes, n_groups, anchor_codes, next_codes, n_states, last_row, succeeded, gamma,
+                  normalize_distance) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GraphGPO's step return of every row: graph, distances, ``10 * gamma ** d`` (arguments as for
+    :func:`transition_graph`).
+
+    Returns ``(returns, next_state_distances, anchor_reaches_success)``, each ``(R,)``: the return (float,
+    before the invalid-action penalty), the fewest transitions from the state the row's action led to to
+    success (int, ``-1``: no path) and whether the row's anchor state has a path (bool).
+    """
+    graph = transition_graph(group_codes, anchor_codes, next_codes, n_states, last_row, succeeded)
+    hops = hops_to_success(graph)
+    d = distances_to_success(graph, hops, n_groups)
+    return graph_step_returns(d, graph, gamma, normalize_distance), hops[graph.target], hops[graph.source] >= 0
