@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .envs.base import check_protocol
+from .envs.base import ParsedAction, check_protocol
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL | re.IGNORECASE)
 _ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
@@ -39,45 +39,6 @@ SOKOBAN_ACTION_IDS = {"up": 1, "down": 2, "left": 3, "right": 4, "still": 0}
 #: How verl-agent's Sokoban memory writes an action id into the prompt's history (env_manager.py ACTION_LOOKUP).
 SOKOBAN_ACTION_NAMES = {0: "Still", 1: "Up", 2: "Down", 3: "Left", 4: "Right"}
 VERL_AGENT_ENVS = ("alfworld", "webshop", "sokoban")
-
-
-class ParsedAction(tuple):
-    """Result of :func:`parse_action`: a ``(action, valid)`` pair with named extras.
-
-    Unpacks and compares like the verl-agent projection's output, ``action, valid = parse_action(...)``.
-
-    Attributes:
-        action (`str` or `int`): what is sent to the environment (an ``int`` id only for Sokoban under
-            ``"verl-agent"``).
-        valid (`bool`): the validity bit (see the module docstring for each protocol's rule).
-        reason (`str`): ``"ok"`` or why the completion is invalid (``"no_action"``, ``"empty_action"``,
-            ``"multiple_actions"``, ``"no_think"``, ``"unclosed_action"``, ``"cjk"``, ``"no_move"``).
-        think (`str` or `None`): the reasoning text, if any.
-        history_action (`str`): the action as the prompt's history shows it (``action``, except verl-agent's
-            Sokoban, whose history holds the id's name, ``"Up"`` … ``"Still"``).
-    """
-
-    def __new__(cls, action: Any, valid: bool, reason: str = "ok", think: str | None = None,
-                history_action: str | None = None):
-        self = super().__new__(cls, (action, bool(valid)))
-        self.__dict__.update(reason=reason, think=think,
-                             history_action=str(action) if history_action is None else history_action)
-        return self
-
-    def __getnewargs__(self):  # pickling: rebuild with the extras
-        return (self[0], self[1], self.reason, self.think, self.history_action)
-
-    @property
-    def action(self) -> Any:
-        return self[0]
-
-    @property
-    def valid(self) -> bool:
-        return self[1]
-
-    def __repr__(self) -> str:
-        return (f"ParsedAction(action={self.action!r}, valid={self.valid}, reason={self.reason!r}, "
-                f"think={self.think!r})")
 
 
 def parse_action(text: str, fallback: str = "<invalid>", require_think: bool = True, *,

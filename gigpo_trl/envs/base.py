@@ -25,7 +25,7 @@ Optional hooks the collector uses when an environment (or its class) defines the
 
 - ``reset_receives_row = True`` (class attribute): ``reset`` gets the whole task row (a dict of the dataset's
   columns) as ``task`` instead of its ``task`` column, as TRL's ``reset(**row)`` does.
-- ``parse_completion(text) -> gigpo_trl.parsing.ParsedAction``: replaces ``<think>/<action>`` parsing for this env.
+- ``parse_completion(text) -> ParsedAction``: replaces ``<think>/<action>`` parsing for this env.
 - ``with_turn_limit(max_turns) -> factory`` (on a factory object): the collector hands the factory its turn limit,
   for an env that must act at the last turn (call ``get_reward()`` at truncation).
 
@@ -97,6 +97,47 @@ class TextEnv:
 
     def close(self) -> None:
         """Release resources (subprocesses, files)."""
+
+
+class ParsedAction(tuple):
+    """The action an environment receives for one completion: a ``(action, valid)`` pair with named extras.
+
+    What :func:`gigpo_trl.parsing.parse_action` and an environment's ``parse_completion`` hook return.
+
+    Unpacks and compares like the verl-agent projection's output, ``action, valid = parse_action(...)``.
+
+    Attributes:
+        action (`str` or `int`): what is sent to the environment (an ``int`` id only for Sokoban under
+            ``"verl-agent"``).
+        valid (`bool`): the validity bit (the parser's rule: :mod:`gigpo_trl.parsing`).
+        reason (`str`): ``"ok"`` or why the completion is invalid (``"no_action"``, ``"empty_action"``,
+            ``"multiple_actions"``, ``"no_think"``, ``"unclosed_action"``, ``"cjk"``, ``"no_move"``).
+        think (`str` or `None`): the reasoning text, if any.
+        history_action (`str`): the action as the prompt's history shows it (``action``, except verl-agent's
+            Sokoban, whose history holds the id's name, ``"Up"`` … ``"Still"``).
+    """
+
+    def __new__(cls, action: Any, valid: bool, reason: str = "ok", think: str | None = None,
+                history_action: str | None = None):
+        self = super().__new__(cls, (action, bool(valid)))
+        self.__dict__.update(reason=reason, think=think,
+                             history_action=str(action) if history_action is None else history_action)
+        return self
+
+    def __getnewargs__(self):  # pickling: rebuild with the extras
+        return (self[0], self[1], self.reason, self.think, self.history_action)
+
+    @property
+    def action(self) -> Any:
+        return self[0]
+
+    @property
+    def valid(self) -> bool:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return (f"ParsedAction(action={self.action!r}, valid={self.valid}, reason={self.reason!r}, "
+                f"think={self.think!r})")
 
 
 #: The moves of the grid environments (FrozenLake, Sokoban, Corridor).
