@@ -216,9 +216,9 @@ def _official_games(root: str, split: str) -> list[tuple[str, str]]:
 class _MemoTranslator:
     """Stand-in for the ``fast_downward`` module inside textworld's PDDL logic that memoises ``pddl2sas``.
 
-    TextWorld translates the PDDL task twice on every ``load`` and again twice on every ``reset`` (≈0.4 s
-    each); the translation is a pure function of (domain, problem), so an LRU cache makes repeated resets of a
-    game cost only the reload of the SAS task into the planner library.
+    TextWorld translates the PDDL task twice on every ``load`` and again twice on every ``reset``; the translation
+    is a pure function of (domain, problem), so an LRU cache makes repeated resets of a game cost only the reload
+    of the SAS task into the planner library (timings: benchmarks/README.md, ``bench_envs.py``).
     """
 
     def __init__(self, module, maxsize: int = 256):
@@ -232,7 +232,7 @@ class _MemoTranslator:
 
     def pddl2sas(self, domain, problem, verbose=False, optimize=False):
         # The optimised translation only feeds TextWorld's replanner (policy commands / walkthrough extras), which
-        # this env never requests: serve the plain one for it, saving one ≈1 s translation per game load.
+        # this env never requests: serve the plain one for it, saving one translation per game load.
         key = (hashlib.sha1(domain.encode()).digest(), hashlib.sha1(problem.encode()).digest())
         optimize = False
         with self._lock:
@@ -260,10 +260,11 @@ def _install_translation_cache() -> None:
 
 def _install_textgen_speedups() -> None:
     """Two exact shortcuts in TextWorld's text generation (``textworld.envs.pddl.textgen``), which every step runs
-    for the feedback and for each admissible command (≈0.3 s of a ≈0.4 s step):
+    for the feedback and for each admissible command (most of a step's time; benchmarks/README.md):
 
-    - the parse of grammar strings (``_parse_and_convert``, a tatsu PEG parser) is memoised: it is a pure function
-      of the string; the parse tree is converted to fresh symbol objects on every call (derivations mutate them);
+    - the parse of grammar strings (a tatsu PEG parser, reached through :mod:`gigpo_trl.trl_compat`) is memoised: it
+      is a pure function of the string; the parse tree is converted to fresh symbol objects on every call
+      (derivations mutate them);
     - ``copy_context`` copies the ``variables`` and ``mapping`` dicts instead of deep-copying their entity objects:
       derivations only add keys to those dicts and read attributes of the entities (the ALFWorld grammar's
       ``{o.name}``-style expressions), so every copy holds equal values.
@@ -272,10 +273,13 @@ def _install_textgen_speedups() -> None:
     """
     from textworld.envs.pddl import textgen
 
+    from .. import trl_compat
+
     with _PATCH_LOCK:
-        if getattr(textgen._parse_and_convert, "_gigpo_memo", False):
+        original = trl_compat.textgen_parse_and_convert(textgen)
+        if getattr(original, "_gigpo_memo", False):
             return
-        original, parse, converter = textgen._parse_and_convert, textgen._PARSER.parse, textgen._Converter
+        parse, converter = trl_compat.textgen_parse(textgen), trl_compat.textgen_converter(textgen)
 
         @lru_cache(maxsize=8192)
         def _parse(text: str, rule_name: str):
@@ -290,7 +294,7 @@ def _install_textgen_speedups() -> None:
             return {**context, "variables": dict(context["variables"]), "mapping": dict(context["mapping"])}
 
         parse_and_convert._gigpo_memo = True
-        textgen._parse_and_convert = parse_and_convert
+        trl_compat.set_textgen_parse_and_convert(textgen, parse_and_convert)
         textgen.copy_context = copy_context
 
 

@@ -1,6 +1,6 @@
 """The one registry of environment classes: ``(name, protocol) -> class``.
 
-A protocol is a family of environment classes (DESIGN.md): ``"gigpo-trl"``, this project's own environments, and
+A protocol is a family of environment classes: ``"gigpo-trl"``, this project's own environments, and
 ``"verl-agent"``, the GiGPO paper's code as its own classes (:mod:`gigpo_trl.envs.verl_agent`). A published number
 names its protocol. The rest of the package never tests a protocol string: it asks this registry for a class, and
 the class's hooks (``parse_completion``, ``build_messages``) carry the behaviour.

@@ -23,7 +23,7 @@ from .base import PaperProtocol
 
 # Our wording of the paper's two WebShop templates (same structure as verl-agent's prompts/webshop.py: task, steps
 # taken, history block, current step, page, the bracketed admissible list one action a line; placeholders in
-# gigpo_trl.envs.verl_agent.prompts.VERL_AGENT_PLACEHOLDERS). Unlike ALFWorld's, the first-step template carries the task: the
+# .prompts.VERL_AGENT_PLACEHOLDERS). Unlike ALFWorld's, the first-step template carries the task: the
 # page text under verl-agent starts after the instruction.
 _VERL_AGENT_ASK = (
     "The actions you may take now:\n[\n{admissible_actions}\n].\n\n"
@@ -115,7 +115,7 @@ def load_paper_dir(data_dir: str | Path, variant: str = "1000", goal_seed: int =
 
 def paper_bundled() -> tuple[list[dict], dict[str, float], dict[str, list[dict]], paper.LexiconTagger]:
     """The bundled catalog in the engine's shapes, with its own goals (train / eval as bundled) and a
-    :class:`~gigpo_trl.envs.webshop_paper.LexiconTagger` of its product-type, category and brand words."""
+    :class:`~gigpo_trl.envs.verl_agent.webshop_engine.LexiconTagger` of its product-type, category and brand words."""
     products, splits = load_bundled()
     out, nouns = [], set()
     for p in products:
@@ -176,7 +176,8 @@ class PaperWebShopEnv(PaperProtocol, WebShopEnv):
     ``click[x]`` with ``x`` (lower-cased) a clickable of the page other than ``search`` acts; anything else leaves the
     page as it is (reward 0, not done). The paper never checks admissibility, so ``info["action_valid"]`` is always
     True (``info["action_executed"]`` says whether the action did something). ``click[buy now]`` ends the episode:
-    ``info["task_score"]`` = :func:`~gigpo_trl.envs.verl_agent.webshop_engine.paper_reward`, reward 10 if it is 1.0 else 0, ``info["won"]``.
+    ``info["task_score"]`` = :func:`~gigpo_trl.envs.verl_agent.webshop_engine.paper_reward`, reward 10 if it is 1.0
+    else 0, ``info["won"]``.
 
     Args:
         data_dir, variant, split: as :class:`WebShopEnv` (``split`` "eval"/"test" = goals[0:500] on real data).
@@ -188,9 +189,9 @@ class PaperWebShopEnv(PaperProtocol, WebShopEnv):
             (placeholders of :data:`gigpo_trl.envs.verl_agent.prompts.VERL_AGENT_PLACEHOLDERS`); default: our wording,
             ``VERL_AGENT_TEMPLATE`` / ``VERL_AGENT_FIRST_TEMPLATE``.
 
-    Prompts (:func:`gigpo_trl.envs.verl_agent.prompts.build_verl_agent_prompt`): one user message; the admissible list one quoted
-    action a line, each followed by a comma (``admissible_style = "webshop"``); a prompt with history longer than
-    ``max_prompt_chars`` (13,000, verl-agent's rule) is replaced by the first-step one.
+    Prompts (:func:`~gigpo_trl.envs.verl_agent.prompts.build_verl_agent_prompt`): one user message; the admissible
+    list one quoted action a line, each followed by a comma (``admissible_style = "webshop"``); a prompt with history
+    longer than ``max_prompt_chars`` (13,000, verl-agent's rule) is replaced by the first-step one.
     """
 
     default_template = VERL_AGENT_TEMPLATE
@@ -233,9 +234,9 @@ class PaperWebShopEnv(PaperProtocol, WebShopEnv):
     def paper_eval_tasks(self, num_episodes: int = 128, seed: int = 0, eval_round: int = 0):
         """The paper's validation episodes as a task dataset (columns ``task`` = goal id, ``seed`` = worker index,
         ``task_type``), in worker order: the test goals at
-        :func:`~gigpo_trl.envs.webshop_paper.paper_eval_goal_indices` ``(num_episodes, seed, eval_round)``, 128
-        distinct goals of the 500 per round with the paper's defaults. On real data this is verl-agent's draw
-        exactly; the bundled catalog has 200 test goals, so there the same generator draws from ``range(200)``.
+        :func:`~gigpo_trl.envs.verl_agent.webshop_engine.paper_eval_goal_indices` ``(num_episodes, seed,
+        eval_round)``, 128 distinct goals of the 500 per round with the paper's defaults. On real data this is
+        verl-agent's draw exactly; the bundled catalog has 200 test goals, so there the same generator draws from ``range(200)``.
         Sample them at temperature 0.4 to match the paper.
 
         Raises:
