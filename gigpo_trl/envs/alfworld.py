@@ -343,7 +343,7 @@ class ALFWorldEnv(TextEnv):
         prompt_template (`str`, *optional*): the user-message template, verbatim, with the placeholders of
             ``DEFAULT_PROMPT_TEMPLATE``. Default: this env's own wording.
 
-    ``eval_split`` defaults to the class's ``default_eval_split``.
+    ``eval_split`` defaults to the class's ``default_eval_split`` (``"valid_unseen"``).
     """
 
     name = "alfworld"

@@ -236,8 +236,8 @@ class PaperWebShopEnv(PaperProtocol, WebShopEnv):
         ``task_type``), in worker order: the test goals at
         :func:`~gigpo_trl.envs.verl_agent.webshop_engine.paper_eval_goal_indices` ``(num_episodes, seed,
         eval_round)``, 128 distinct goals of the 500 per round with the paper's defaults. On real data this is
-        verl-agent's draw exactly; the bundled catalog has 200 test goals, so there the same generator draws from ``range(200)``.
-        Sample them at temperature 0.4 to match the paper.
+        verl-agent's draw exactly; the bundled catalog has 200 test goals, so there the same generator draws from
+        ``range(200)``. Sample them at temperature 0.4 to match the paper.
 
         Raises:
             ValueError: ``num_episodes`` < 1 or more than the test goals, or ``eval_round`` < 0.
