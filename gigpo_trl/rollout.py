@@ -50,13 +50,14 @@ class StepRow:
     task_type: str | None = None
     completion_text: str = ""
     prompt_messages: list[dict] | None = None
+    next_anchor_state: Hashable = None  # anchor of the observation the action returned (GraphGPO's transition)
 
 
 def advantage_keys(rows: list[StepRow]) -> list[tuple]:
     """What the advantage estimator reads of each row, small and picklable (gathered across ranks):
-    ``(group_id, trajectory_id, anchor_state, reward, action_valid)`` per row (HGPO's contexts are derived from the
-    anchors and the turn order, so nothing more is needed)."""
-    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in rows]
+    ``(group_id, trajectory_id, anchor_state, reward, action_valid, next_anchor_state)`` per row (HGPO's contexts
+    are derived from the anchors and the turn order; GraphGPO's graph needs the next anchors)."""
+    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.next_anchor_state) for r in rows]
 
 
 @dataclass
@@ -407,7 +408,7 @@ class RolloutCollector:
                 prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
                 trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
                 reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
-                completion_text=text, prompt_messages=messages,
+                completion_text=text, prompt_messages=messages, next_anchor_state=res.anchor,
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)
