@@ -6,7 +6,7 @@ Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
    pairs, current observation, admissible actions) — :mod:`gigpo_trl.prompts`;
 2. generate for all active environments in ONE batched call (``generate_fn``, in the trainer TRL's own
    ``_generate_single_turn``, so transformers, vLLM colocate and vLLM server all work);
-3. parse ``<think>…</think><action>…</action>`` — :mod:`gigpo_trl.parsing`;
+3. parse ``<think>…</think><action>…</action>`` (or the env's ``parse_completion``) — :mod:`gigpo_trl.parsing`;
 4. step the environments through an :class:`~gigpo_trl.envs.pool.EnvPool`.
 
 A trajectory ends at ``done``, at ``max_turns`` (truncation, treated as terminal by the advantage), or when
@@ -370,18 +370,15 @@ class RolloutCollector:
         return completion_ids, logprobs, texts
 
     def _parse_actions(self, states, active, prompts, completion_ids, logprobs, texts, batch: RolloutBatch):
-        """Each completion's action: the env's own ``parse_completion`` if it has one (tool calls), else
-        :func:`parse_for_env` (the env's protocol; under ``"gigpo-trl"`` an unparsable completion gets the env's
-        ``invalid_action`` or the text's tail, as the GiGPO reference does). Returns ``(pending, actions)``: per state index its turn's
+        """Each completion's action (:func:`parse_for_env`): the env's own ``parse_completion`` if it has one (tool
+        calls, the paper's projection), else ``<think>/<action>`` parsing where an unparsable completion gets the
+        env's ``invalid_action`` or the text's tail, as the GiGPO reference does. Returns ``(pending, actions)``: per state index its turn's
         ``(messages, prompt ids, completion ids, log-probs, text, parsed)``, and per pool ``{slot: action}``."""
         actions: dict[str, dict[int, str]] = {}
         pending = {}
         for n, i in enumerate(active):
             st = states[i]
-            template = self._templates[st["key"]]
-            parse_hook = getattr(template, "parse_completion", None)  # e.g. tool calls
-            parsed = (parse_hook(texts[n]) if parse_hook is not None
-                      else parse_for_env(template, texts[n], require_think=self.require_think))
+            parsed = parse_for_env(self._templates[st["key"]], texts[n], require_think=self.require_think)
             prompt_ids = prompts[n][1]
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids))
             pending[i] = (prompts[n][0], prompt_ids, completion_ids[n],
