@@ -46,15 +46,15 @@ from .generation import GenerationContextMixin
 from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
-from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
-                        server_weight_sync_guard, shutdown_engine_before_end_training, skip_initial_server_sync,
-                        vllm_max_model_len)
+from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
+                        sampling_logps, sampling_metrics, server_weight_sync_guard, shutdown_engine_before_end_training,
+                        skip_initial_server_sync, vllm_max_model_len)
 
 logger = logging.getLogger(__name__)
 
 
-class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, DynamicSamplingMixin, GenerationContextMixin,
-                   ExactOnPolicyRatioMixin, GRPOTrainer):
+class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, DynamicSamplingMixin, GenerationContextMixin, ExactOnPolicyRatioMixin,
+                   GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -355,12 +355,17 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
                                                     batch_size, real_rows)
                 out["ref_per_token_logps"] = ref
         if self.use_vllm and (have_sampling or is_correction):
-            sampling = self._sampling_logps(logps_list, completion_ids)
+            sampling = sampling_logps(logps_list, completion_ids)
             out["sampling_per_token_logps"] = sampling
             if is_correction:
-                ratio = self._importance_ratio(out["old_per_token_logps"], sampling, completion_mask)
+                old, sampling_mode = out["old_per_token_logps"], self.vllm_importance_sampling_mode
+                ratio = importance_ratio(old, sampling, completion_mask, sampling_mode,
+                                         self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
                 out["importance_sampling_ratio"] = ratio
-                self._record_sampling_metrics(mode, out["old_per_token_logps"], sampling, ratio, completion_mask)
+                logged = trl_compat.metrics(self, mode)
+                for key, value in sampling_metrics(old, sampling, ratio, completion_mask, sampling_mode,
+                                                   self.accelerator.gather).items():
+                    logged[key].append(value)
         return out
 
     # ------------------------------------------------------------------ metrics

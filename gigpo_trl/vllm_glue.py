@@ -17,9 +17,10 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
 - **shutdown order (colocate)**: the in-process engine (``external_launcher``) tears down its parallel groups when
   it is collected at exit, which raises ``Invalid process group specified`` once ``accelerator.end_training()`` has
   destroyed the default process group; :func:`shutdown_engine_before_end_training` stops the engine first.
-- **importance sampling** (``vllm_importance_sampling_correction``): :class:`VLLMSamplingMixin` gives the trainer
-  TRL's truncated / masked importance ratio π_θold / π_vLLM and its metrics for rows generated turn by turn (TRL
-  computes them inline in ``_generate_and_score_completions``, which GiGPO replaces).
+- **importance sampling** (``vllm_importance_sampling_correction``): :func:`importance_ratio` and
+  :func:`sampling_metrics` give the trainer TRL's truncated / masked importance ratio π_θold / π_vLLM and its
+  metrics for rows generated turn by turn (TRL computes them inline in ``_generate_and_score_completions``, which
+  GiGPO replaces).
 - **LoRA weight sync** (PEFT model, any mode, no FSDP): TRL's weight walk merges the adapter into the
   base weights in place and unmerges it (``W += ΔW; W -= ΔW`` in bf16 does not give W back: the frozen base drifts
   by an ulp on a third of its elements per sync). :func:`install_out_of_place_lora_sync` sends
@@ -220,69 +221,66 @@ def shutdown_engine_before_end_training(trainer) -> None:
     trainer.accelerator.end_training = end_training_after_vllm
 
 
-class VLLMSamplingMixin:
-    """vLLM sampling log-probs, importance ratio and their metrics for :class:`~gigpo_trl.trainer.GiGPOTrainer`
-    (reads ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max`` and ``accelerator`` of the trainer)."""
+def sampling_logps(logps_list, completion_ids) -> torch.Tensor:
+    """vLLM's per-token sampling log-probs as a (B, C) float32 tensor aligned with ``completion_ids`` (B, C):
+    token j of row i is ``logps_list[i][j]``; a row without log-probs (``None``) or a token vLLM could not score
+    (``None``) is NaN (importance ratio 1, as in TRL); columns past a row's length are 0 (masked)."""
+    out = torch.zeros(completion_ids.shape, dtype=torch.float32)
+    for i, lp in enumerate(logps_list):
+        if lp is None:
+            out[i].fill_(math.nan)
+            continue
+        lp = lp[: out.size(1)]
+        out[i, : len(lp)] = torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32)
+    return out.to(completion_ids.device)
 
-    @staticmethod
-    def _sampling_logps(logps_list, completion_ids) -> torch.Tensor:
-        """vLLM's per-token sampling log-probs as a (B, C) float32 tensor aligned with ``completion_ids`` (B, C):
-        token j of row i is ``logps_list[i][j]``; a row without log-probs (``None``) or a token vLLM could not score
-        (``None``) is NaN (importance ratio 1, as in TRL); columns past a row's length are 0 (masked)."""
-        out = torch.zeros(completion_ids.shape, dtype=torch.float32)
-        for i, lp in enumerate(logps_list):
-            if lp is None:
-                out[i].fill_(math.nan)
-                continue
-            lp = lp[: out.size(1)]
-            out[i, : len(lp)] = torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32)
-        return out.to(completion_ids.device)
 
-    def _importance_ratio(self, old, sampling, mask) -> torch.Tensor:
-        """Truncated / masked importance ratio π_θold / π_vLLM of the sampled tokens (TRL's vLLM correction).
+def importance_ratio(old, sampling, mask, mode: str, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """Truncated / masked importance ratio π_θold / π_vLLM of the sampled tokens (TRL's vLLM correction).
 
-        ``old``, ``sampling``: (B, C) per-token log-probs of the trainer and of vLLM; ``mask``: (B, C) loss mask.
-        Returns (B, C) for ``vllm_importance_sampling_mode`` ``token_*``, (B, 1) for ``sequence_*`` (the exp of the
-        summed masked log-ratio); ``*_truncate`` clamps to [clip_min, clip_max], ``*_mask`` zeroes ratios outside it.
-        NaN log-probs count as a log-ratio of 0. Same computation as ``GRPOTrainer._generate_and_score_completions``
-        (which does it inline, so it cannot be called): ``tests/test_trl_compat.py`` runs TRL's lines on the same
-        inputs and compares.
-        """
-        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
-        mode = self.vllm_importance_sampling_mode
-        if mode.startswith("sequence"):
-            diff = diff.sum(dim=-1, keepdim=True)
-        ratio = torch.exp(diff)
-        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        if mode.endswith("truncate"):
-            return torch.clamp(ratio, min=lo, max=hi)
-        lo = -math.inf if lo is None else lo
-        hi = math.inf if hi is None else hi
-        return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+    ``old``, ``sampling``: (B, C) per-token log-probs of the trainer and of vLLM; ``mask``: (B, C) loss mask;
+    ``mode``, ``clip_min``, ``clip_max``: the config's ``vllm_importance_sampling_mode`` / ``_clip_min`` /
+    ``_clip_max``. Returns (B, C) for ``token_*`` modes, (B, 1) for ``sequence_*`` (the exp of the summed masked
+    log-ratio); ``*_truncate`` clamps to [clip_min, clip_max], ``*_mask`` zeroes ratios outside it. NaN log-probs
+    count as a log-ratio of 0. Same computation as ``GRPOTrainer._generate_and_score_completions`` (which does it
+    inline, so it cannot be called): ``tests/test_trl_compat.py`` runs TRL's lines on the same inputs and compares.
+    """
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    lo, hi = clip_min, clip_max
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=lo, max=hi)
+    lo = -math.inf if lo is None else lo
+    hi = math.inf if hi is None else hi
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
 
-    def _record_sampling_metrics(self, mode, old, sampling, ratio, mask) -> None:
-        """TRL's vLLM sampling metrics under TRL's names: |logp_trainer - logp_vLLM| over loss tokens (mean, max)
-        and the importance ratio (min, mean, max; over loss tokens, or over sequences in ``sequence_*`` modes)."""
-        device = mask.device
-        keep = mask.bool()
-        delta = torch.abs(old - sampling)[keep & ~torch.isnan(old - sampling)]
-        if self.vllm_importance_sampling_mode.startswith("sequence"):  # (B, 1): rows with a loss token
-            flat = ratio[keep.any(dim=1)].flatten()
-        else:
-            flat = ratio[keep]
 
-        def stat(values, fn):
-            return fn(values) if values.numel() else torch.tensor(math.nan, device=device)
+def sampling_metrics(old, sampling, ratio, mask, mode: str, gather) -> dict[str, float]:
+    """TRL's vLLM sampling metrics under TRL's names: |logp_trainer - logp_vLLM| over loss tokens (mean, max)
+    and the importance ratio (min, mean, max; over loss tokens, or over sequences in ``sequence_*`` ``mode``).
 
-        gather = self.accelerator.gather
-        values = {
-            "sampling/sampling_logp_difference/mean": gather(stat(delta, torch.mean)).nanmean(),
-            "sampling/sampling_logp_difference/max": gather(stat(delta, torch.max)).nan_to_num(-math.inf).max(),
-            "sampling/importance_sampling_ratio/min": gather(stat(flat, torch.min)).nan_to_num(math.inf).min(),
-            "sampling/importance_sampling_ratio/mean": gather(stat(flat, torch.mean)).nanmean(),
-            "sampling/importance_sampling_ratio/max": gather(stat(flat, torch.max)).nan_to_num(-math.inf).max(),
-        }
-        logged = trl_compat.metrics(self, mode)
-        for key, value in values.items():  # ±inf: no loss token on any rank
-            logged[key].append(value.item() if torch.isfinite(value) else math.nan)
+    ``old``, ``sampling``, ``mask``: (B, C); ``ratio``: :func:`importance_ratio`'s output; ``gather``: the
+    accelerator's ``gather`` (each statistic is reduced over all ranks). A statistic with no loss token on any rank
+    is NaN."""
+    device = mask.device
+    keep = mask.bool()
+    delta = torch.abs(old - sampling)[keep & ~torch.isnan(old - sampling)]
+    if mode.startswith("sequence"):  # (B, 1): rows with a loss token
+        flat = ratio[keep.any(dim=1)].flatten()
+    else:
+        flat = ratio[keep]
 
+    def stat(values, fn):
+        return fn(values) if values.numel() else torch.tensor(math.nan, device=device)
+
+    values = {
+        "sampling/sampling_logp_difference/mean": gather(stat(delta, torch.mean)).nanmean(),
+        "sampling/sampling_logp_difference/max": gather(stat(delta, torch.max)).nan_to_num(-math.inf).max(),
+        "sampling/importance_sampling_ratio/min": gather(stat(flat, torch.min)).nan_to_num(math.inf).min(),
+        "sampling/importance_sampling_ratio/mean": gather(stat(flat, torch.mean)).nanmean(),
+        "sampling/importance_sampling_ratio/max": gather(stat(flat, torch.max)).nan_to_num(-math.inf).max(),
+    }
+    # ±inf: no loss token on any rank
+    return {key: value.item() if torch.isfinite(value) else math.nan for key, value in values.items()}
