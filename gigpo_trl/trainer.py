@@ -41,7 +41,7 @@ from .checks import (check_budget_aux_loss, check_first_prompt, check_task_datas
 from .config import GiGPOConfig
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
-from .dynamic_sampling import DynamicSamplingMixin
+from .dynamic_sampling import DynamicSampler
 from .generation import GenerationContextMixin
 from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
@@ -53,8 +53,7 @@ from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_
 logger = logging.getLogger(__name__)
 
 
-class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, DynamicSamplingMixin, GenerationContextMixin, ExactOnPolicyRatioMixin,
-                   GRPOTrainer):
+class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GenerationContextMixin, ExactOnPolicyRatioMixin, GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -169,6 +168,11 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, DynamicSamplingMixin, Gene
             )
         self.collector = self._make_collector(args)
         check_first_prompt(self.collector, self.env_factories, train_dataset)
+        self.dynamic_sampler = DynamicSampler(
+            self.collector, self.train_dataset, self._advantages, args.max_dynamic_sampling_rounds,
+            keep_step_signal=args.dynamic_sampling_keep_step_signal and args.step_advantage_weight != 0,
+            rank=self.accelerator.process_index, gather=gather_object if self.accelerator.num_processes > 1 else None,
+        ) if args.dynamic_sampling else None
 
     def _make_collector(self, args: GiGPOConfig) -> RolloutCollector:
         """The rollout collector: generates through TRL's dispatch, tokenizes with TRL's chat templating."""
@@ -233,8 +237,9 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, DynamicSamplingMixin, Gene
         group_ids = self._group_ids(inputs)
         with self._generation_params_gathered():
             batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
-            if self.args.dynamic_sampling and mode == "train":
-                batch = self._resample_flat_groups(list(inputs), group_ids, batch)
+            if self.dynamic_sampler is not None and mode == "train":
+                batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
+                                                      trl_compat.metrics(self, "train"))
         rows = batch.rows
         t_rollout = time.perf_counter() - t0
 
