@@ -258,26 +258,6 @@ class Fp32GradAccumulator:
                 p.grad = held.to(p.dtype)
 
 
-# ---------------------------------------------------------------------------------------------- generation unwrap
-@contextlib.contextmanager
-def unwrap_for_generation(model, accelerator, **kwargs):
-    """TRL's ``unwrap_model_for_generation`` (``trl.models.utils``), whose exit work always runs.
-
-    TRL's context is a generator without ``try/finally``: when the block raises, the code after its ``yield`` never
-    runs, so under ZeRO-3 the parameter hooks it removed (``remove_hooks``) are not put back (``add_hooks``) and
-    gradient checkpointing stays off. Here the context is always exited as if the block had ended normally, then
-    the block's exception (if any) propagates. Yields the unwrapped model; ``kwargs`` go to TRL's function.
-    """
-    from trl.models import unwrap_model_for_generation
-
-    context = unwrap_model_for_generation(model, accelerator, **kwargs)
-    unwrapped = context.__enter__()
-    try:
-        yield unwrapped
-    finally:
-        context.__exit__(None, None, None)
-
-
 # ---------------------------------------------------------------------------------------------- DeepSpeed steps
 class DeepSpeedStepGuard(TrainerCallback):
     """``TrainerCallback`` that checks, after every optimizer step under DeepSpeed, that the engine made exactly as

@@ -42,7 +42,7 @@ from .config import GiGPOConfig
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .dynamic_sampling import DynamicSampler
-from .generation import GenerationContextMixin
+from .generation import eval_sampling, generation_params_gathered
 from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
@@ -53,7 +53,7 @@ from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_
 logger = logging.getLogger(__name__)
 
 
-class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GenerationContextMixin, ExactOnPolicyRatioMixin, GRPOTrainer):
+class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, ExactOnPolicyRatioMixin, GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -213,6 +213,12 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GenerationContextMixin, Ex
     def _generate_turn(self, prompt_ids: list[list[int]]):
         return trl_compat.generate_single_turn(self, prompt_ids)
 
+    def _eval_sampling(self):
+        """:func:`~gigpo_trl.generation.eval_sampling` at ``eval_temperature`` with this trainer's generation
+        settings (transformers' or vLLM's)."""
+        return eval_sampling(self.model, self.args.eval_temperature, getattr(self, "generation_config", None),
+                             getattr(self, "generation_kwargs", None), self.vllm_generation if self.use_vllm else None)
+
     def _sync_max(self, local: int) -> int:
         value = torch.tensor([local], device=self.accelerator.device)
         return int(self.accelerator.gather(value).max().item())
@@ -235,7 +241,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GenerationContextMixin, Ex
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
-        with self._generation_params_gathered():
+        with generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm):
             batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
             if self.dynamic_sampler is not None and mode == "train":
                 batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
@@ -443,7 +449,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GenerationContextMixin, Ex
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
         local_trajectories = []
-        with self._eval_sampling(), self._generation_params_gathered():
+        with (self._eval_sampling(),
+              generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm)):
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],

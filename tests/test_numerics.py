@@ -287,7 +287,7 @@ def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
     yield; here that runs although the block raised."""
     from trl.models import unwrap_model_for_generation
 
-    from gigpo_trl.numerics import unwrap_for_generation
+    from gigpo_trl.generation import unwrap_for_generation
 
     trainer, _ = bf16_trainer
     model = trainer.model
