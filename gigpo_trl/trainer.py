@@ -3,13 +3,20 @@
 The subclass is glue, and this file is its spine, in the order of the paper's Algorithm 1: init → collect
 (:class:`~gigpo_trl.rollout.RolloutCollector`, generating through TRL's own generate dispatch) → advantages
 (:func:`~gigpo_trl.advantage.compute_gigpo_advantages`) → batch (TRL's batch dict) → loss (TRL's, in token-budget
-sub-batches) → evaluate. The other concerns live in their own modules, mixed in or called from here:
+sub-batches) → evaluate. The other concerns live in their own modules, called from here with explicit arguments;
+two are mixins because they override TRL / Trainer hooks:
 
+- :mod:`gigpo_trl.token_budget` (mixin, ``compute_loss``): the loss in sub-batches of at most
+  ``max_tokens_per_microbatch`` tokens; :mod:`gigpo_trl.grad_accumulation`: their fp32 gradient sums and the
+  DeepSpeed step guard;
+- :mod:`gigpo_trl.checkpoint` (mixin, ``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``,
+  ``_load_optimizer_and_scheduler``, ``create_model_card``): rollout position in checkpoints, token scrub, model
+  card;
 - :mod:`gigpo_trl.checks`: environment, dataset and prompt-limit checks at init;
-- :mod:`gigpo_trl.token_budget`: ``compute_loss`` in sub-batches of at most ``max_tokens_per_microbatch`` tokens;
-- :mod:`gigpo_trl.checkpoint`: rollout position in checkpoints, token scrub, model card;
+- :mod:`gigpo_trl.dynamic_sampling`: DAPO's dynamic sampling of flat task groups;
+- :mod:`gigpo_trl.generation`: ZeRO-3 gathering once per rollout, evaluation sampling;
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
-- :mod:`gigpo_trl.numerics`: bf16 safeguards (positions from the mask, exact on-policy ratio, DeepSpeed step guard);
+- :mod:`gigpo_trl.positions`: positions from the attention mask (padding-invariant forwards);
 - :mod:`gigpo_trl.memory`: the init warning when the token budget's activations would not fit in free memory;
 - :mod:`gigpo_trl.trl_compat`: every private attribute of TRL / transformers / accelerate that the package uses.
 The optimizer, logging, checkpoint files, PEFT, DeepSpeed and vLLM paths stay TRL's.
@@ -36,14 +43,15 @@ from trl.trainer.utils import pad, use_adapter
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
 from .checkpoint import CheckpointMixin
-from .checks import (check_budget_aux_loss, check_first_prompt, check_task_dataset, disable_attention_dropout,
-                     env_reward, max_prompt_length, resolve_envs)
+from .checks import (check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset,
+                     disable_attention_dropout, env_reward, max_prompt_length, resolve_envs)
 from .config import GiGPOConfig
-from .memory import warn_if_budget_exceeds_memory
-from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
 from .dynamic_sampling import DynamicSampler
 from .generation import eval_sampling, generation_params_gathered
-from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
+from .grad_accumulation import DeepSpeedStepGuard
+from .memory import warn_if_budget_exceeds_memory
+from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
+from .positions import install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
@@ -53,7 +61,7 @@ from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_
 logger = logging.getLogger(__name__)
 
 
-class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, ExactOnPolicyRatioMixin, GRPOTrainer):
+class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -161,11 +169,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, ExactOnPolicyRatioMixin, G
             if m is not None:
                 install_mask_positions(m)
         self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))  # one engine step per optimizer step
-        if getattr(trl_compat.tokenizer(self), "chat_template", None) is None:
-            raise ValueError(
-                "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
-                "processing_class.chat_template (e.g. a ChatML template) or use an instruct model's tokenizer"
-            )
+        check_chat_template(trl_compat.tokenizer(self))
         self.collector = self._make_collector(args)
         check_first_prompt(self.collector, self.env_factories, train_dataset)
         self.dynamic_sampler = DynamicSampler(
@@ -379,8 +383,25 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, ExactOnPolicyRatioMixin, G
                     logged[key].append(value)
         return out
 
+    # ------------------------------------------------------------------ micro-batch → loss (TRL's hooks)
+    def _prepare_inputs(self, generation_batch):
+        """TRL's hook (``Trainer.training_step``, once per micro-step): TRL's micro-batch of the buffered batch; on
+        an on-policy micro-step (:func:`is_on_policy_micro_step`) without ``old_per_token_logps``, so that TRL's
+        ``_compute_loss`` takes the training forward's own (detached) log-probs as π_old and π/π_old is exactly 1.
+        The stored values come from a scoring pass with other shapes (other padding, other sub-batches), whose bf16
+        rounding differs enough to clip tokens spuriously. vLLM's importance-sampling ratio, computed from the
+        stored values at scoring time, is left as it is."""
+        inputs = super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        micro_step = trl_compat.rollout_position(self)[0]
+        if self.model.training and is_on_policy_micro_step(micro_step, generate_every,
+                                                            self.args.gradient_accumulation_steps):
+            inputs = {key: value for key, value in inputs.items() if key != "old_per_token_logps"}
+        return inputs
+
+    # (loss: TokenBudgetMixin.compute_loss runs TRL's _compute_loss on each micro-batch, in token-budget sub-batches)
+
     # ------------------------------------------------------------------ metrics
-    # (loss: TokenBudgetMixin.compute_loss runs TRL's _compute_loss on this batch, in token-budget sub-batches)
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows
         multi = self.accelerator.num_processes > 1
@@ -463,3 +484,16 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, ExactOnPolicyRatioMixin, G
         Trainer.log(self, metrics)  # not GRPOTrainer.log: that would flush the pending train metrics
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+
+def is_on_policy_micro_step(micro_step: int, generate_every: int, gradient_accumulation_steps: int) -> bool:
+    """Whether TRL's micro-step ``micro_step`` (``GRPOTrainer._step``) trains with the weights its rollout was
+    generated with: no optimizer step falls between the micro-step that generated (``micro_step −
+    micro_step % generate_every``) and this one, i.e. no multiple of ``gradient_accumulation_steps`` in
+    ``(start, micro_step]``. ``generate_every`` = ``steps_per_generation × num_iterations``. Raises ``ValueError``
+    when either count is below 1."""
+    if generate_every < 1 or gradient_accumulation_steps < 1:
+        raise ValueError(f"generate_every={generate_every} and gradient_accumulation_steps="
+                         f"{gradient_accumulation_steps} must be >= 1")
+    start = micro_step - micro_step % generate_every
+    return micro_step // gradient_accumulation_steps == start // gradient_accumulation_steps

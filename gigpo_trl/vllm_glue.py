@@ -24,7 +24,7 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
 - **LoRA weight sync** (PEFT model, any mode, no FSDP): TRL's weight walk merges the adapter into the
   base weights in place and unmerges it (``W += ΔW; W -= ΔW`` in bf16 does not give W back: the frozen base drifts
   by an ulp on a third of its elements per sync). :func:`install_out_of_place_lora_sync` sends
-  ``W + scale·B·A``, computed in fp32 into a new tensor (:func:`gigpo_trl.numerics.merged_lora_weight`), instead.
+  ``W + scale·B·A``, computed in fp32 into a new tensor (:func:`merged_lora_weight`), instead.
 - **context limit**: vLLM rejects a request longer than its ``max_model_len``, which may be smaller than the model
   config's; :func:`vllm_max_model_len` gives the collector the limit that prompts are fitted to.
 
@@ -157,10 +157,8 @@ def _repack_lm_head(model) -> None:
 def _iter_named_params_out_of_place(vllm_generation):
     """TRL 1.16's ``VLLMGeneration._iter_named_params`` for a PEFT model without FSDP, with the adapters merged out
     of place: same names, same order, same ZeRO-3 gather of all parameters around the walk, but each LoRA base
-    weight is sent as :func:`gigpo_trl.numerics.merged_lora_weight` and nothing of the model is written. TRL's
+    weight is sent as :func:`merged_lora_weight` and nothing of the model is written. TRL's
     privates (gather, vLLM names) through :mod:`gigpo_trl.trl_compat`; ``model.prefix`` is PEFT's ("lora_")."""
-    from .numerics import iter_merged_named_params
-
     model = vllm_generation.model
     with trl_compat.vllm_gather_params(vllm_generation, list(model.parameters())):
         for name, tensor in iter_merged_named_params(model, model.named_parameters()):
@@ -176,8 +174,6 @@ def install_out_of_place_lora_sync(vllm_generation) -> bool:
     returns whether it did. LoRA variants whose merge is not additive (DoRA) keep TRL's in-place merge, with a
     warning."""
     from accelerate.utils import is_peft_model
-
-    from .numerics import out_of_place_merge_supported
 
     model = vllm_generation.model
     if not is_peft_model(model) or trl_compat.vllm_uses_fsdp(vllm_generation):
@@ -284,3 +280,92 @@ def sampling_metrics(old, sampling, ratio, mask, mode: str, gather) -> dict[str,
     }
     # ±inf: no loss token on any rank
     return {key: value.item() if torch.isfinite(value) else math.nan for key, value in values.items()}
+
+
+# ---------------------------------------------------------------------------------------------- LoRA merge
+def _lora_layers(model):
+    """``{id(parameter): (lora layer, "weight" | "bias")}`` for every base weight (and merged bias) a PEFT LoRA
+    layer would change on ``merge_adapter()``."""
+    from peft.tuners.lora import LoraLayer
+
+    found = {}
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            base = module.get_base_layer()
+            found[id(base.weight)] = (module, "weight")
+            if getattr(base, "bias", None) is not None:
+                found[id(base.bias)] = (module, "bias")
+    return found
+
+
+def _adapters_to_merge(layer) -> list[str]:
+    """The adapters PEFT's ``merge()`` would merge into ``layer`` now (``peft.tuners.tuners_utils.
+    check_adapters_to_merge``): the active ones it holds that are not merged already; none when adapters are
+    disabled."""
+    if getattr(layer, "disable_adapters", False):
+        return []
+    held = set(getattr(layer, "lora_A", {}).keys()) | set(getattr(layer, "lora_embedding_A", {}).keys())
+    merged = set(getattr(layer, "merged_adapters", []))
+    return [a for a in layer.active_adapters if a in held and a not in merged]
+
+
+def out_of_place_merge_supported(model) -> str | None:
+    """``None`` when every LoRA layer of ``model`` is a plain additive one :func:`merged_lora_weight` can merge
+    (``nn.Linear``/``Conv1D`` or ``nn.Embedding`` base, no DoRA or other ``lora_variant``); else the reason."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        adapters = _adapters_to_merge(module)
+        if not adapters:
+            continue
+        if any(a in getattr(module, "lora_variant", {}) for a in adapters):
+            return f"{name} uses a LoRA variant (e.g. DoRA), whose merge is not W + scale·B·A"
+        if not (set(adapters) <= set(getattr(module, "lora_A", {}).keys())
+                or set(adapters) <= set(getattr(module, "lora_embedding_A", {}).keys())):
+            return f"{name} mixes adapter kinds"
+        if getattr(module, "lora_A", {}) and module.get_base_layer().weight.dim() != 2:
+            return f"{name} is a {type(module).__name__} LoRA layer (only Linear/Conv1D/Embedding are merged)"
+    return None
+
+
+def merged_lora_weight(layer, kind: str, base: torch.Tensor) -> torch.Tensor:
+    """The weight (``kind="weight"``) or bias (``"bias"``) PEFT's ``merge()`` would leave in ``layer``'s base layer,
+    as a new tensor: ``base + Σ_a scaling[a] · (B_a @ A_a)`` (transposed for ``fan_in_fan_out`` / embeddings; bias:
+    ``base + Σ scaling[a] · lora_B[a].bias`` when ``lora_bias``) over the adapters it would merge, computed in fp32
+    and cast once to ``base.dtype``. ``base`` (the current, possibly gathered, base tensor) is only read.
+
+    Source: ``peft.tuners.lora.layer.Linear.merge`` / ``get_delta_weight`` and ``Embedding.merge`` (peft 0.21).
+    """
+    adapters = _adapters_to_merge(layer)
+    if not adapters:
+        return base
+    total = base.detach().float()
+    for a in adapters:
+        scale = layer.scaling[a]
+        if a in getattr(layer, "lora_embedding_A", {}):
+            if kind == "bias":
+                continue
+            # Embedding: weight_B @ weight_A is (dim, vocab); the base weight is (vocab, dim)
+            delta = (layer.lora_embedding_B[a].detach().float() @ layer.lora_embedding_A[a].detach().float()).T
+        elif kind == "bias":
+            if not getattr(layer, "lora_bias", {}).get(a, False):
+                continue
+            delta = layer.lora_B[a].bias.detach().float()
+        else:
+            delta = layer.lora_B[a].weight.detach().float() @ layer.lora_A[a].weight.detach().float()
+            if getattr(layer, "fan_in_fan_out", False):
+                delta = delta.T
+        total = total + delta.to(total.device) * scale
+    return total.to(base.dtype)
+
+
+def iter_merged_named_params(model, named_params):
+    """``(name, tensor)`` for ``named_params`` (``model.named_parameters()`` or a subset), where each base weight
+    (bias) of a LoRA layer is replaced by :func:`merged_lora_weight`'s out-of-place merge; other tensors are the
+    parameters' ``.data`` as they are. Lazy: one merged tensor exists at a time."""
+    targets = _lora_layers(model)
+    for name, param in named_params:
+        target = targets.get(id(param))
+        yield name, (param.data if target is None else merged_lora_weight(target[0], target[1], param.data))

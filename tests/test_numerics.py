@@ -14,7 +14,8 @@ from toy_env import NoisyCorridorEnv
 from test_trainer import capture_rollouts, make_args
 
 from gigpo_trl import GiGPOTrainer, trl_compat
-from gigpo_trl.numerics import DeepSpeedStepGuard, install_mask_positions, positions_from_mask
+from gigpo_trl.grad_accumulation import DeepSpeedStepGuard
+from gigpo_trl.positions import install_mask_positions, positions_from_mask
 
 
 # ---------------------------------------------------------------------------------------------- LoRA sync
@@ -313,7 +314,7 @@ def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
     """One row per sub-batch (32 sub-batches) on the bf16 model, against the fp32 gradient of the same weights:
     summed in fp32 the relative error is 2.6e-2, summed in the bf16 .grad 5.7e-2; one unsplit bf16 backward of the
     32 padded rows is 3.4e-1 (its error grows with the rows and padding of a forward: 1.1e-1 at 4 rows each)."""
-    from gigpo_trl import numerics
+    from gigpo_trl import grad_accumulation
 
     trainer, rows = bf16_trainer
     batch = trainer._rows_to_batch(rows, torch.linspace(-1, 1, len(rows)).numpy(), [len(rows)], "train")
@@ -337,7 +338,7 @@ def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
         trainer.model.to(torch.bfloat16)
     one = grad(None)
     split_fp32 = grad(widest)
-    monkeypatch.setattr(numerics.Fp32GradAccumulator, "for_model", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(grad_accumulation.Fp32GradAccumulator, "for_model", classmethod(lambda cls, *a: None))
     split_bf16 = grad(widest)
 
     def rel(g):

@@ -262,7 +262,7 @@ def test_sub_batch_scale_matches_compute_loss(trainer, fixed_batch, loss_type):
 
 
 def test_prepare_inputs_hook(trainer, fixed_batch):
-    """``ExactOnPolicyRatioMixin._prepare_inputs`` overrides TRL's hook (called by ``Trainer.training_step`` once per
+    """``GiGPOTrainer._prepare_inputs`` overrides TRL's hook (called by ``Trainer.training_step`` once per
     micro-step) and drops ``old_per_token_logps`` on on-policy micro-steps, relying on ``_compute_loss`` then taking
     the training forward's own (detached) log-probs as π_old: the same loss as passing those log-probs."""
     assert "_prepare_inputs" in trl_compat.OVERRIDDEN_HOOKS
