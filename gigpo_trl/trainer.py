@@ -194,6 +194,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             sync_fn=self._sync_max if self.accelerator.num_processes > 1 else None,
             num_env_workers=args.num_env_workers,
             step_timeout=args.env_step_timeout,
+            env_backend=args.env_backend,
+            ray_address=args.ray_address,
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built in __init__; not twice at start-up
