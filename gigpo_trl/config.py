@@ -320,17 +320,7 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"history_length must be >= 0, got {self.history_length}")
         if self.invalid_action_penalty < 0:
             raise ValueError(f"invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
-        if self.num_env_workers < 0:
-            raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
-        self._check_env_backend()
-        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
-            raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
-        if self.env_step_timeout is not None and self.num_env_workers == 0:
-            warnings.warn(
-                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
-                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
-                UserWarning, stacklevel=2,
-            )
+        self._check_env_workers()
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:
@@ -339,9 +329,11 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
         self._check_token_budget()
 
-    def _check_env_backend(self) -> None:
+    def _check_env_workers(self) -> None:
         from .envs.pool import BACKENDS
 
+        if self.num_env_workers < 0:
+            raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
         if self.env_backend not in BACKENDS:
             raise ValueError(f"env_backend must be one of {list(BACKENDS)}, got {self.env_backend!r}")
         if self.env_backend == "ray" and self.num_env_workers < 1:
@@ -350,6 +342,14 @@ class GiGPOConfig(GRPOConfig):
         if self.ray_address is not None and self.env_backend != "ray":
             raise ValueError(f"ray_address={self.ray_address!r} needs env_backend='ray', got "
                              f"env_backend={self.env_backend!r}")
+        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
+            raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
+        if self.env_step_timeout is not None and self.num_env_workers == 0:
+            warnings.warn(
+                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
+                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
+                UserWarning, stacklevel=3,
+            )
 
     def _check_token_budget(self) -> None:
         budget = self.max_tokens_per_microbatch
