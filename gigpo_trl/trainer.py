@@ -50,7 +50,7 @@ from .dynamic_sampling import DynamicSampler
 from .generation import eval_sampling, generation_params_gathered
 from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
-from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
+from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
 from .positions import install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
@@ -276,7 +276,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     def _advantages(self, keys: list[tuple]):
         """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples
         (all ranks' rows, in order), with this config's estimator settings."""
-        groups, trajs, anchors, rewards, valid = zip(*keys)
+        groups, trajs, anchors, rewards, valid, next_anchors = zip(*keys)
         return compute_gigpo_advantages(
             rewards=np.asarray(rewards, dtype=np.float64),
             group_ids=list(groups),
@@ -293,6 +293,9 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             hierarchy_depth=self.args.hierarchy_depth,
             hierarchy_alpha=self.args.hierarchy_alpha,
             hierarchy_base_group=self.args.hierarchy_base_group,
+            step_return=self.args.step_return,
+            next_anchor_states=list(next_anchors),
+            graph_normalize_distance=self.args.graph_normalize_distance,
         )
 
     # ------------------------------------------------------------------ batch
@@ -413,6 +416,9 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             metrics.update(anchor_metrics(result.anchor_group_ids))
             if self.args.step_grouping == "hierarchical":
                 metrics.update(level_metrics(result.level_group_ids))
+            if result.next_state_distances is not None:
+                metrics.update(graph_metrics(result.next_state_distances, result.anchor_reaches_success,
+                                             result.anchor_group_ids))
         lengths = [len(r.completion_ids) for r in rows]
         totals = torch.tensor(
             [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device
