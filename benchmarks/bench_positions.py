@@ -1,6 +1,6 @@
 """Padding invariance of per-token log-probs in bf16 (issue 20, item 2): the same row scored behind different
 amounts of left padding, with TRL's forward (no ``position_ids``: positions 0..L-1 of the padded row) and with
-positions from the attention mask (:func:`gigpo_trl.numerics.install_mask_positions`), for the sdpa and eager
+positions from the attention mask (:func:`gigpo_trl.positions.install_mask_positions`), for the sdpa and eager
 attention kernels.
 
     python benchmarks/bench_positions.py [--hidden 256] [--layers 4] [--length 300]
@@ -25,7 +25,7 @@ def main():
     from trl.trainer.utils import add_fused_lm_head
 
     from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
-    from gigpo_trl.numerics import install_mask_positions
+    from gigpo_trl.positions import install_mask_positions
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=256)

@@ -47,6 +47,32 @@ def check_checkpoint_world_size(checkpoint: str, world_size: int) -> None:
                          f"resume with {saved} processes (its rollout buffers are per process)")
 
 
+@contextlib.contextmanager
+def card_names_hub_base_model(model):
+    """While the block runs, ``model`` (unwrapped from accelerate; a PEFT model or a transformers model) and its
+    config name the base model by its Hub id (:func:`gigpo_trl.models.hub_model_id`) instead of a local path; both
+    names are restored afterwards, also when the block raises. No effect when the local name has no known Hub id.
+
+    TRL's card (``create_model_card``, also written with every checkpoint) and PEFT's (written by ``save_model``)
+    name the base model after the model's ``name_or_path`` / its config's ``_name_or_path``; for the default model
+    that is its cached local conversion, which TRL writes as "[None]" and PEFT as a local path."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the transformers model
+    config = getattr(model, "config", None)
+    local = trl_compat.config_name_or_path(config) if config is not None else None
+    hub_id = hub_model_id(local) if local else None
+    if hub_id is None or hub_id == local:
+        yield
+        return
+    saved = model.name_or_path
+    trl_compat.set_config_name_or_path(config, hub_id)
+    model.name_or_path = hub_id
+    try:
+        yield
+    finally:
+        trl_compat.set_config_name_or_path(config, local)
+        model.name_or_path = saved
+
+
 class CheckpointMixin:
     """Rollout position in checkpoints, token-free saved configs, Hub ids in model cards (mixed into a
     ``GRPOTrainer`` subclass, before it in the bases)."""
@@ -69,9 +95,9 @@ class CheckpointMixin:
 
     # Trainer writes the config (``torch.save(self.args)``, training_args.bin) in these two methods only, the second
     # before pushing the folder to the Hub: no token in those files, while the live config keeps its token.
-    # _save also writes PEFT's model card: see _card_names_hub_base_model.
+    # _save also writes PEFT's model card: see card_names_hub_base_model.
     def _save(self, output_dir=None, state_dict=None):
-        with scrubbed_tokens(), self._card_names_hub_base_model():
+        with scrubbed_tokens(), card_names_hub_base_model(self.accelerator.unwrap_model(self.model)):
             super()._save(output_dir, state_dict)
 
     def _push_from_checkpoint(self, checkpoint_folder):
@@ -91,30 +117,7 @@ class CheckpointMixin:
         else:  # a checkpoint of another version: keep the generation cycle aligned, regenerate at once
             trl_compat.set_rollout_position(self, self.state.global_step * self.args.gradient_accumulation_steps, None)
 
-    # TRL's card (create_model_card, also written with every checkpoint) and PEFT's (written by save_model) name the
-    # base model after the model's `name_or_path` / its config's `_name_or_path`. For the default model that is its
-    # cached local conversion, which TRL writes as "[None]" and PEFT as a local path. While they write, both name the
-    # Hub id instead (models.hub_model_id; a local folder of unknown origin stays as it is), then they are restored.
-    @contextlib.contextmanager
-    def _card_names_hub_base_model(self):
-        model = self.accelerator.unwrap_model(self.model)
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the transformers model
-        config = getattr(model, "config", None)
-        local = trl_compat.config_name_or_path(config) if config is not None else None
-        hub_id = hub_model_id(local) if local else None
-        if hub_id is None or hub_id == local:
-            yield
-            return
-        saved = model.name_or_path
-        trl_compat.set_config_name_or_path(config, hub_id)
-        model.name_or_path = hub_id
-        try:
-            yield
-        finally:
-            trl_compat.set_config_name_or_path(config, local)
-            model.name_or_path = saved
-
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        with self._card_names_hub_base_model():
+        with card_names_hub_base_model(self.accelerator.unwrap_model(self.model)):
             super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
 

@@ -111,6 +111,15 @@ def check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
             )
 
 
+def check_chat_template(tokenizer) -> None:
+    """Refuse (``ValueError``) a tokenizer without a chat template: GiGPO's prompts are chat messages."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
+            "processing_class.chat_template (e.g. a ChatML template) or use an instruct model's tokenizer"
+        )
+
+
 def check_budget_aux_loss(args: GiGPOConfig, aux_loss_enabled: bool, router_aux_loss_coef: float) -> None:
     """Refuse (``ValueError``) a token budget together with a MoE load-balancing loss: that loss is a statistic of
     one whole forward, not a sum over rows, so sub-batches would change it."""

@@ -94,7 +94,16 @@ class GiGPOConfig(GRPOConfig):
         require_think (`bool`, *optional*, defaults to `True`):
             Whether a completion without a `<think>…</think>` block counts as an invalid action.
         num_env_workers (`int`, *optional*, defaults to `0`):
-            Worker processes stepping the environments; `0` steps them in the training process.
+            Workers stepping the environments (processes, or Ray actors with `env_backend="ray"`); `0` steps them in
+            the training process.
+        env_backend (`str`, *optional*, defaults to `"process"`):
+            Where the `num_env_workers` workers run: `"process"` (worker processes on this machine) or `"ray"` (Ray
+            actors, one CPU each, on the Ray cluster: the path for environments that outgrow one machine; needs
+            `num_env_workers >= 1` and `pip install gigpo_trl[ray]`). See `gigpo_trl.envs.pool.EnvPool`.
+        ray_address (`str` or `None`, *optional*, defaults to `None`):
+            With `env_backend="ray"`, the cluster to join when Ray is not yet initialised in this process
+            (`ray.init(address=ray_address)`: `"auto"`, `"host:port"`, `"ray://host:10001"`). `None`: Ray's own
+            lookup (`RAY_ADDRESS`, else a local instance). A Ray instance already initialised is used as is.
         env_step_timeout (`float` or `None`, *optional*, defaults to `None`):
             Seconds an environment step may take in a worker before its trajectory is ended as failed. Needs
             `num_env_workers >= 1` (a warning says so otherwise: in-process steps cannot be interrupted).
@@ -218,7 +227,18 @@ class GiGPOConfig(GRPOConfig):
         default=True, metadata={"help": "Whether a completion without <think>…</think> counts as an invalid action."}
     )
     num_env_workers: int = field(
-        default=0, metadata={"help": "Worker processes stepping the environments; 0 steps them in-process."}
+        default=0, metadata={"help": "Workers stepping the environments (processes, or Ray actors with "
+                                     "env_backend='ray'); 0 steps them in-process."}
+    )
+    env_backend: str = field(
+        default="process",
+        metadata={"help": "Where the num_env_workers workers run: 'process' (this machine) or 'ray' (Ray actors on "
+                          "the Ray cluster, for environments that outgrow one machine; needs num_env_workers >= 1)."},
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata={"help": "env_backend='ray': ray.init(address=...) when Ray is not yet initialised ('auto', "
+                          "'host:port', 'ray://host:10001'). None: RAY_ADDRESS, else a local Ray instance."},
     )
     env_step_timeout: float | None = field(
         default=None, metadata={"help": "Seconds an env step may take in a worker before its trajectory fails (needs "
@@ -332,16 +352,7 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"history_length must be >= 0, got {self.history_length}")
         if self.invalid_action_penalty < 0:
             raise ValueError(f"invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
-        if self.num_env_workers < 0:
-            raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
-        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
-            raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
-        if self.env_step_timeout is not None and self.num_env_workers == 0:
-            warnings.warn(
-                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
-                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
-                UserWarning, stacklevel=2,
-            )
+        self._check_env_workers()
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:
@@ -349,6 +360,28 @@ class GiGPOConfig(GRPOConfig):
         if self.eval_temperature < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
         self._check_token_budget()
+
+    def _check_env_workers(self) -> None:
+        from .envs.pool import BACKENDS
+
+        if self.num_env_workers < 0:
+            raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
+        if self.env_backend not in BACKENDS:
+            raise ValueError(f"env_backend must be one of {list(BACKENDS)}, got {self.env_backend!r}")
+        if self.env_backend == "ray" and self.num_env_workers < 1:
+            raise ValueError(f"env_backend='ray' runs the environments in num_env_workers Ray actors; set "
+                             f"num_env_workers >= 1, got {self.num_env_workers}")
+        if self.ray_address is not None and self.env_backend != "ray":
+            raise ValueError(f"ray_address={self.ray_address!r} needs env_backend='ray', got "
+                             f"env_backend={self.env_backend!r}")
+        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
+            raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
+        if self.env_step_timeout is not None and self.num_env_workers == 0:
+            warnings.warn(
+                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
+                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
+                UserWarning, stacklevel=3,
+            )
 
     def _check_token_budget(self) -> None:
         budget = self.max_tokens_per_microbatch

@@ -1,65 +1,87 @@
-"""Generation settings around a rollout for :class:`~gigpo_trl.trainer.GiGPOTrainer` (a mixin): ZeRO-3 parameter
-gathering once per collect instead of once per turn, and evaluation sampling (temperature, eval mode)."""
+"""Generation settings around a rollout: ZeRO-3 parameter gathering once per collect instead of once per turn
+(:func:`generation_params_gathered`), and evaluation sampling (:func:`eval_sampling`: temperature, eval mode).
+The trainer enters both around :meth:`RolloutCollector.collect`."""
 
 from __future__ import annotations
 
 import contextlib
 
-from .numerics import unwrap_for_generation
 
+@contextlib.contextmanager
+def generation_params_gathered(model_wrapped, accelerator, args, use_vllm: bool):
+    """ZeRO-3 with transformers generation: gather the sharded parameters once for the whole rollout.
 
-class GenerationContextMixin:
-    """Context managers entered around :meth:`RolloutCollector.collect` by the trainer."""
-
-    @contextlib.contextmanager
-    def _generation_params_gathered(self):
-        """ZeRO-3 with transformers generation: gather the sharded parameters once for the whole rollout.
-
-        TRL's ``_generate_single_turn`` enters ``unwrap_model_for_generation`` (a full parameter gather) on every
-        call, i.e. once per turn. Here the same context is entered once around the collect, and
-        ``ds3_gather_for_generation`` is off inside it, so each turn's call takes the already-gathered, hook-free
-        model as it is. No effect with vLLM, without ZeRO-3, or when ``ds3_gather_for_generation`` is already off.
-        """
-        plugin = self.accelerator.state.deepspeed_plugin
-        if self.use_vllm or plugin is None or plugin.zero_stage != 3 or not self.args.ds3_gather_for_generation:
-            yield
-            return
-        with unwrap_for_generation(  # TRL's unwrap, its hooks restored also when the collect raises
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=True,
-            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-        ):
-            self.args.ds3_gather_for_generation = False
-            try:
-                yield
-            finally:
-                self.args.ds3_gather_for_generation = True
-
-    @contextlib.contextmanager
-    def _eval_sampling(self):
-        """Sample at ``eval_temperature`` (0 = greedy) with the model in eval mode (dropout off) for the duration of
-        the block; the previous mode and sampling settings come back afterwards, also when the block raises."""
-        temperature = self.args.eval_temperature
-        saved = (self.generation_config.do_sample, self.generation_config.temperature,
-                 dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
-        saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
-        was_training = self.model.training
+    TRL's ``_generate_single_turn`` enters ``unwrap_model_for_generation`` (a full parameter gather) on every
+    call, i.e. once per turn. Here the same context is entered once around the collect, and
+    ``args.ds3_gather_for_generation`` is off inside it, so each turn's call takes the already-gathered, hook-free
+    model as it is. No effect with vLLM (``use_vllm``), without ZeRO-3 (``accelerator``'s DeepSpeed plugin), or
+    when ``ds3_gather_for_generation`` is already off. ``model_wrapped``: the DeepSpeed engine (the trainer's
+    ``model_wrapped``); ``args``: the trainer's config, whose flag is restored on exit.
+    """
+    plugin = accelerator.state.deepspeed_plugin
+    if use_vllm or plugin is None or plugin.zero_stage != 3 or not args.ds3_gather_for_generation:
+        yield
+        return
+    with unwrap_for_generation(  # TRL's unwrap, its hooks restored also when the collect raises
+        model_wrapped, accelerator, gather_deepspeed3_params=True,
+        gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+    ):
+        args.ds3_gather_for_generation = False
         try:
-            self.model.eval()
-            if saved is not None:
-                greedy = temperature == 0.0
-                self.generation_config.do_sample = not greedy
-                self.generation_kwargs["do_sample"] = not greedy
-                if not greedy:
-                    self.generation_config.temperature = temperature
-                    self.generation_kwargs["temperature"] = temperature
-            if self.use_vllm:
-                self.vllm_generation.temperature = temperature
             yield
         finally:
-            if saved is not None:
-                self.generation_config.do_sample, self.generation_config.temperature = saved[0], saved[1]
-                self.generation_kwargs.clear()
-                self.generation_kwargs.update(saved[2])
-            if self.use_vllm:
-                self.vllm_generation.temperature = saved_vllm
-            self.model.train(was_training)
+            args.ds3_gather_for_generation = True
+
+
+@contextlib.contextmanager
+def eval_sampling(model, temperature: float, generation_config=None, generation_kwargs: dict | None = None,
+                  vllm_generation=None):
+    """Sample at ``temperature`` (0 = greedy) with ``model`` in eval mode (dropout off) for the duration of the
+    block; the previous mode and sampling settings come back afterwards, also when the block raises.
+
+    ``generation_config`` / ``generation_kwargs``: the trainer's transformers generation settings (``None`` with
+    vLLM, where TRL builds none); ``vllm_generation``: TRL's ``VLLMGeneration`` (``None`` without vLLM), whose
+    ``temperature`` is set instead."""
+    saved = (generation_config.do_sample, generation_config.temperature,
+             dict(generation_kwargs)) if generation_config is not None else None
+    saved_vllm = vllm_generation.temperature if vllm_generation is not None else None
+    was_training = model.training
+    try:
+        model.eval()
+        if saved is not None:
+            greedy = temperature == 0.0
+            generation_config.do_sample = not greedy
+            generation_kwargs["do_sample"] = not greedy
+            if not greedy:
+                generation_config.temperature = temperature
+                generation_kwargs["temperature"] = temperature
+        if vllm_generation is not None:
+            vllm_generation.temperature = temperature
+        yield
+    finally:
+        if saved is not None:
+            generation_config.do_sample, generation_config.temperature = saved[0], saved[1]
+            generation_kwargs.clear()
+            generation_kwargs.update(saved[2])
+        if vllm_generation is not None:
+            vllm_generation.temperature = saved_vllm
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def unwrap_for_generation(model, accelerator, **kwargs):
+    """TRL's ``unwrap_model_for_generation`` (``trl.models.utils``), whose exit work always runs.
+
+    TRL's context is a generator without ``try/finally``: when the block raises, the code after its ``yield`` never
+    runs, so under ZeRO-3 the parameter hooks it removed (``remove_hooks``) are not put back (``add_hooks``) and
+    gradient checkpointing stays off. Here the context is always exited as if the block had ended normally, then
+    the block's exception (if any) propagates. Yields the unwrapped model; ``kwargs`` go to TRL's function.
+    """
+    from trl.models import unwrap_model_for_generation
+
+    context = unwrap_model_for_generation(model, accelerator, **kwargs)
+    unwrapped = context.__enter__()
+    try:
+        yield unwrapped
+    finally:
+        context.__exit__(None, None, None)

@@ -20,11 +20,8 @@ vocabulary V):
 ``6h + 3m`` counts the values a Llama/Qwen decoder layer saves for its backward per token (two RMSNorms, input and
 output each; the attention's query and output, key and value counted as h; the MLP's gate, its SiLU and the up
 projection). The three constants are fitted to the default model on a CPU (SmolLM2-135M-Instruct, fp32, LoRA,
-rows of 500-1,000 tokens; ``python benchmarks/bench_memory.py --default-model``, README "Memory"): peak RSS grew
-1.33 MB per padded token with checkpointing (1 → 2 rows of 1,000 tokens) and 2.54 MB without (one row of 500 →
-1,000 tokens); the same forward/backward without TRL's LM head grew 0.52 MB per token with checkpointing, which
-sets ``RECOMPUTE_COPIES`` (14), the LM head's 0.79 MB the remainder (``LM_HEAD_COPIES`` 6), and 1.75 MB the layers
-without checkpointing (``NO_CHECKPOINTING_COPIES`` 1.8). Resident memory includes the allocator's freed-but-kept
+rows of 500-1,000 tokens; ``python benchmarks/bench_memory.py --default-model``; the measured growth per token and
+the fit: benchmarks/README.md, "--default-model"). Resident memory includes the allocator's freed-but-kept
 blocks, so the estimate errs high on a GPU; and TRL's LM-head tiles stop growing at 4,096 tokens, so on a CPU it
 also errs high above that budget.
 """
@@ -35,7 +32,7 @@ import os
 import warnings
 from pathlib import Path
 
-# Fitted to the CPU measurements of the default model (see the module docstring and README, "Memory").
+# Fitted to the CPU measurements of the default model (benchmarks/README.md, "--default-model").
 RECOMPUTE_COPIES = 14.0
 NO_CHECKPOINTING_COPIES = 1.8
 LM_HEAD_COPIES = 6.0

@@ -107,7 +107,8 @@ class RolloutCollector:
         sync_fn: multi-process agreement ``sync_fn(local_count) -> global_max``; every rank then generates
             ``global_max`` prompts (filler prompts, whose outputs are dropped, pad the local list) so all ranks
             make the same number of generate calls of the same size. ``None``: single process.
-        num_env_workers / step_timeout: passed to each :class:`EnvPool`.
+        num_env_workers / step_timeout / env_backend / ray_address: passed to each :class:`EnvPool` (as
+            ``num_workers``, ``step_timeout``, ``backend``, ``ray_address``).
         progress: show a per-turn tqdm bar.
         require_think: mark completions without ``<think>`` invalid.
         templates: ``{name: env instance}`` already built by the caller, used as that env's probe instance.
@@ -125,6 +126,8 @@ class RolloutCollector:
         sync_fn: Callable[[int], int] | None = None,
         num_env_workers: int = 0,
         step_timeout: float | None = None,
+        env_backend: str = "process",
+        ray_address: str | None = None,
         progress: bool = False,
         require_think: bool = True,
         templates: Mapping[str, Any] | None = None,
@@ -146,7 +149,8 @@ class RolloutCollector:
         self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
-        self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout}
+        self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout, "backend": env_backend,
+                             "ray_address": ray_address}
         self.pools = {name: EnvPool(factory, **self._pool_kwargs) for name, factory in self.env_factories.items()}
         # One probe instance per env for prompt templates / limits (reusing any the caller already built); the
         # pools own the stepping instances.

@@ -18,8 +18,8 @@ import torch
 from accelerate.utils import DistributedType
 
 from . import trl_compat
+from .grad_accumulation import Fp32GradAccumulator
 from .microbatch import drop_filler_rows, pack_rows, row_lengths, scoring_sub_batches, sub_batch_widths, take_rows
-from .numerics import Fp32GradAccumulator
 
 
 class TokenBudgetMixin:
@@ -36,7 +36,7 @@ class TokenBudgetMixin:
         ``Trainer.training_step`` to backward; the returned value is the whole micro-batch loss. Each sub-batch loss
         is weighted (:meth:`_sub_batch_scale`) so that the summed gradient equals the unsplit one; every rank runs
         the same number of sub-batches (empty ones pad the short ranks) so collectives stay in step. With bf16
-        trainable weights the sub-batches' gradients are summed in fp32 (:class:`~gigpo_trl.numerics.
+        trainable weights the sub-batches' gradients are summed in fp32 (:class:`~gigpo_trl.grad_accumulation.
         Fp32GradAccumulator`). Without a budget the filler rows are dropped before TRL's loss
         (:func:`~gigpo_trl.microbatch.drop_filler_rows`).
         """

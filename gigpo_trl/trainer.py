@@ -3,13 +3,20 @@
 The subclass is glue, and this file is its spine, in the order of the paper's Algorithm 1: init → collect
 (:class:`~gigpo_trl.rollout.RolloutCollector`, generating through TRL's own generate dispatch) → advantages
 (:func:`~gigpo_trl.advantage.compute_gigpo_advantages`) → batch (TRL's batch dict) → loss (TRL's, in token-budget
-sub-batches) → evaluate. The other concerns live in their own modules, mixed in or called from here:
+sub-batches) → evaluate. The other concerns live in their own modules, called from here with explicit arguments;
+two are mixins because they override TRL / Trainer hooks:
 
+- :mod:`gigpo_trl.token_budget` (mixin, ``compute_loss``): the loss in sub-batches of at most
+  ``max_tokens_per_microbatch`` tokens; :mod:`gigpo_trl.grad_accumulation`: their fp32 gradient sums and the
+  DeepSpeed step guard;
+- :mod:`gigpo_trl.checkpoint` (mixin, ``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``,
+  ``_load_optimizer_and_scheduler``, ``create_model_card``): rollout position in checkpoints, token scrub, model
+  card;
 - :mod:`gigpo_trl.checks`: environment, dataset and prompt-limit checks at init;
-- :mod:`gigpo_trl.token_budget`: ``compute_loss`` in sub-batches of at most ``max_tokens_per_microbatch`` tokens;
-- :mod:`gigpo_trl.checkpoint`: rollout position in checkpoints, token scrub, model card;
+- :mod:`gigpo_trl.dynamic_sampling`: DAPO's dynamic sampling of flat task groups;
+- :mod:`gigpo_trl.generation`: ZeRO-3 gathering once per rollout, evaluation sampling;
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
-- :mod:`gigpo_trl.numerics`: bf16 safeguards (positions from the mask, exact on-policy ratio, DeepSpeed step guard);
+- :mod:`gigpo_trl.positions`: positions from the attention mask (padding-invariant forwards);
 - :mod:`gigpo_trl.memory`: the init warning when the token budget's activations would not fit in free memory;
 - :mod:`gigpo_trl.trl_compat`: every private attribute of TRL / transformers / accelerate that the package uses.
 The optimizer, logging, checkpoint files, PEFT, DeepSpeed and vLLM paths stay TRL's.
@@ -36,25 +43,25 @@ from trl.trainer.utils import pad, use_adapter
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
 from .checkpoint import CheckpointMixin
-from .checks import (check_budget_aux_loss, check_first_prompt, check_task_dataset, disable_attention_dropout,
-                     env_reward, max_prompt_length, resolve_envs)
+from .checks import (check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset,
+                     disable_attention_dropout, env_reward, max_prompt_length, resolve_envs)
 from .config import GiGPOConfig
+from .dynamic_sampling import DynamicSampler
+from .generation import eval_sampling, generation_params_gathered
+from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
-from .dynamic_sampling import DynamicSamplingMixin
-from .generation import GenerationContextMixin
-from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
+from .positions import install_mask_positions
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
-from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
-                        server_weight_sync_guard, shutdown_engine_before_end_training, skip_initial_server_sync,
-                        vllm_max_model_len)
+from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
+                        sampling_logps, sampling_metrics, server_weight_sync_guard, shutdown_engine_before_end_training,
+                        skip_initial_server_sync, vllm_max_model_len)
 
 logger = logging.getLogger(__name__)
 
 
-class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, DynamicSamplingMixin, GenerationContextMixin,
-                   ExactOnPolicyRatioMixin, GRPOTrainer):
+class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     """Trainer for Group-in-Group Policy Optimization (GiGPO, arXiv 2505.10978) of multi-turn LLM agents.
 
     Each training iteration rolls out ``num_generations`` episodes per task (same seed, so a group starts from the
@@ -162,13 +169,14 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             if m is not None:
                 install_mask_positions(m)
         self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))  # one engine step per optimizer step
-        if getattr(trl_compat.tokenizer(self), "chat_template", None) is None:
-            raise ValueError(
-                "the tokenizer has no chat template, and GiGPO prompts are chat messages; set "
-                "processing_class.chat_template (e.g. a ChatML template) or use an instruct model's tokenizer"
-            )
+        check_chat_template(trl_compat.tokenizer(self))
         self.collector = self._make_collector(args)
         check_first_prompt(self.collector, self.env_factories, train_dataset)
+        self.dynamic_sampler = DynamicSampler(
+            self.collector, self.train_dataset, self._advantages, args.max_dynamic_sampling_rounds,
+            keep_step_signal=args.dynamic_sampling_keep_step_signal and args.step_advantage_weight != 0,
+            rank=self.accelerator.process_index, gather=gather_object if self.accelerator.num_processes > 1 else None,
+        ) if args.dynamic_sampling else None
 
     def _make_collector(self, args: GiGPOConfig) -> RolloutCollector:
         """The rollout collector: generates through TRL's dispatch, tokenizes with TRL's chat templating."""
@@ -186,6 +194,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             sync_fn=self._sync_max if self.accelerator.num_processes > 1 else None,
             num_env_workers=args.num_env_workers,
             step_timeout=args.env_step_timeout,
+            env_backend=args.env_backend,
+            ray_address=args.ray_address,
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built in __init__; not twice at start-up
@@ -209,6 +219,12 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
     def _generate_turn(self, prompt_ids: list[list[int]]):
         return trl_compat.generate_single_turn(self, prompt_ids)
 
+    def _eval_sampling(self):
+        """:func:`~gigpo_trl.generation.eval_sampling` at ``eval_temperature`` with this trainer's generation
+        settings (transformers' or vLLM's)."""
+        return eval_sampling(self.model, self.args.eval_temperature, getattr(self, "generation_config", None),
+                             getattr(self, "generation_kwargs", None), self.vllm_generation if self.use_vllm else None)
+
     def _sync_max(self, local: int) -> int:
         value = torch.tensor([local], device=self.accelerator.device)
         return int(self.accelerator.gather(value).max().item())
@@ -231,10 +247,11 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
-        with self._generation_params_gathered():
+        with generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm):
             batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
-            if self.args.dynamic_sampling and mode == "train":
-                batch = self._resample_flat_groups(list(inputs), group_ids, batch)
+            if self.dynamic_sampler is not None and mode == "train":
+                batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
+                                                      trl_compat.metrics(self, "train"))
         rows = batch.rows
         t_rollout = time.perf_counter() - t0
 
@@ -358,16 +375,38 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
                                                     batch_size, real_rows)
                 out["ref_per_token_logps"] = ref
         if self.use_vllm and (have_sampling or is_correction):
-            sampling = self._sampling_logps(logps_list, completion_ids)
+            sampling = sampling_logps(logps_list, completion_ids)
             out["sampling_per_token_logps"] = sampling
             if is_correction:
-                ratio = self._importance_ratio(out["old_per_token_logps"], sampling, completion_mask)
+                old, sampling_mode = out["old_per_token_logps"], self.vllm_importance_sampling_mode
+                ratio = importance_ratio(old, sampling, completion_mask, sampling_mode,
+                                         self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
                 out["importance_sampling_ratio"] = ratio
-                self._record_sampling_metrics(mode, out["old_per_token_logps"], sampling, ratio, completion_mask)
+                logged = trl_compat.metrics(self, mode)
+                for key, value in sampling_metrics(old, sampling, ratio, completion_mask, sampling_mode,
+                                                   self.accelerator.gather).items():
+                    logged[key].append(value)
         return out
 
+    # ------------------------------------------------------------------ micro-batch → loss (TRL's hooks)
+    def _prepare_inputs(self, generation_batch):
+        """TRL's hook (``Trainer.training_step``, once per micro-step): TRL's micro-batch of the buffered batch; on
+        an on-policy micro-step (:func:`is_on_policy_micro_step`) without ``old_per_token_logps``, so that TRL's
+        ``_compute_loss`` takes the training forward's own (detached) log-probs as π_old and π/π_old is exactly 1.
+        The stored values come from a scoring pass with other shapes (other padding, other sub-batches), whose bf16
+        rounding differs enough to clip tokens spuriously. vLLM's importance-sampling ratio, computed from the
+        stored values at scoring time, is left as it is."""
+        inputs = super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        micro_step = trl_compat.rollout_position(self)[0]
+        if self.model.training and is_on_policy_micro_step(micro_step, generate_every,
+                                                            self.args.gradient_accumulation_steps):
+            inputs = {key: value for key, value in inputs.items() if key != "old_per_token_logps"}
+        return inputs
+
+    # (loss: TokenBudgetMixin.compute_loss runs TRL's _compute_loss on each micro-batch, in token-budget sub-batches)
+
     # ------------------------------------------------------------------ metrics
-    # (loss: TokenBudgetMixin.compute_loss runs TRL's _compute_loss on this batch, in token-budget sub-batches)
     def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
         rows = batch.rows
         multi = self.accelerator.num_processes > 1
@@ -439,7 +478,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
         local_trajectories = []
-        with self._eval_sampling(), self._generation_params_gathered():
+        with (self._eval_sampling(),
+              generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm)):
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
@@ -452,3 +492,16 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         Trainer.log(self, metrics)  # not GRPOTrainer.log: that would flush the pending train metrics
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+
+def is_on_policy_micro_step(micro_step: int, generate_every: int, gradient_accumulation_steps: int) -> bool:
+    """Whether TRL's micro-step ``micro_step`` (``GRPOTrainer._step``) trains with the weights its rollout was
+    generated with: no optimizer step falls between the micro-step that generated (``micro_step −
+    micro_step % generate_every``) and this one, i.e. no multiple of ``gradient_accumulation_steps`` in
+    ``(start, micro_step]``. ``generate_every`` = ``steps_per_generation × num_iterations``. Raises ``ValueError``
+    when either count is below 1."""
+    if generate_every < 1 or gradient_accumulation_steps < 1:
+        raise ValueError(f"generate_every={generate_every} and gradient_accumulation_steps="
+                         f"{gradient_accumulation_steps} must be >= 1")
+    start = micro_step - micro_step % generate_every
+    return micro_step // gradient_accumulation_steps == start // gradient_accumulation_steps

@@ -17,13 +17,14 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
 - **shutdown order (colocate)**: the in-process engine (``external_launcher``) tears down its parallel groups when
   it is collected at exit, which raises ``Invalid process group specified`` once ``accelerator.end_training()`` has
   destroyed the default process group; :func:`shutdown_engine_before_end_training` stops the engine first.
-- **importance sampling** (``vllm_importance_sampling_correction``): :class:`VLLMSamplingMixin` gives the trainer
-  TRL's truncated / masked importance ratio π_θold / π_vLLM and its metrics for rows generated turn by turn (TRL
-  computes them inline in ``_generate_and_score_completions``, which GiGPO replaces).
+- **importance sampling** (``vllm_importance_sampling_correction``): :func:`importance_ratio` and
+  :func:`sampling_metrics` give the trainer TRL's truncated / masked importance ratio π_θold / π_vLLM and its
+  metrics for rows generated turn by turn (TRL computes them inline in ``_generate_and_score_completions``, which
+  GiGPO replaces).
 - **LoRA weight sync** (PEFT model, any mode, no FSDP): TRL's weight walk merges the adapter into the
   base weights in place and unmerges it (``W += ΔW; W -= ΔW`` in bf16 does not give W back: the frozen base drifts
   by an ulp on a third of its elements per sync). :func:`install_out_of_place_lora_sync` sends
-  ``W + scale·B·A``, computed in fp32 into a new tensor (:func:`gigpo_trl.numerics.merged_lora_weight`), instead.
+  ``W + scale·B·A``, computed in fp32 into a new tensor (:func:`merged_lora_weight`), instead.
 - **context limit**: vLLM rejects a request longer than its ``max_model_len``, which may be smaller than the model
   config's; :func:`vllm_max_model_len` gives the collector the limit that prompts are fitted to.
 
@@ -156,10 +157,8 @@ def _repack_lm_head(model) -> None:
 def _iter_named_params_out_of_place(vllm_generation):
     """TRL 1.16's ``VLLMGeneration._iter_named_params`` for a PEFT model without FSDP, with the adapters merged out
     of place: same names, same order, same ZeRO-3 gather of all parameters around the walk, but each LoRA base
-    weight is sent as :func:`gigpo_trl.numerics.merged_lora_weight` and nothing of the model is written. TRL's
+    weight is sent as :func:`merged_lora_weight` and nothing of the model is written. TRL's
     privates (gather, vLLM names) through :mod:`gigpo_trl.trl_compat`; ``model.prefix`` is PEFT's ("lora_")."""
-    from .numerics import iter_merged_named_params
-
     model = vllm_generation.model
     with trl_compat.vllm_gather_params(vllm_generation, list(model.parameters())):
         for name, tensor in iter_merged_named_params(model, model.named_parameters()):
@@ -175,8 +174,6 @@ def install_out_of_place_lora_sync(vllm_generation) -> bool:
     returns whether it did. LoRA variants whose merge is not additive (DoRA) keep TRL's in-place merge, with a
     warning."""
     from accelerate.utils import is_peft_model
-
-    from .numerics import out_of_place_merge_supported
 
     model = vllm_generation.model
     if not is_peft_model(model) or trl_compat.vllm_uses_fsdp(vllm_generation):
@@ -220,69 +217,155 @@ def shutdown_engine_before_end_training(trainer) -> None:
     trainer.accelerator.end_training = end_training_after_vllm
 
 
-class VLLMSamplingMixin:
-    """vLLM sampling log-probs, importance ratio and their metrics for :class:`~gigpo_trl.trainer.GiGPOTrainer`
-    (reads ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max`` and ``accelerator`` of the trainer)."""
+def sampling_logps(logps_list, completion_ids) -> torch.Tensor:
+    """vLLM's per-token sampling log-probs as a (B, C) float32 tensor aligned with ``completion_ids`` (B, C):
+    token j of row i is ``logps_list[i][j]``; a row without log-probs (``None``) or a token vLLM could not score
+    (``None``) is NaN (importance ratio 1, as in TRL); columns past a row's length are 0 (masked)."""
+    out = torch.zeros(completion_ids.shape, dtype=torch.float32)
+    for i, lp in enumerate(logps_list):
+        if lp is None:
+            out[i].fill_(math.nan)
+            continue
+        lp = lp[: out.size(1)]
+        out[i, : len(lp)] = torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32)
+    return out.to(completion_ids.device)
 
-    @staticmethod
-    def _sampling_logps(logps_list, completion_ids) -> torch.Tensor:
-        """vLLM's per-token sampling log-probs as a (B, C) float32 tensor aligned with ``completion_ids`` (B, C):
-        token j of row i is ``logps_list[i][j]``; a row without log-probs (``None``) or a token vLLM could not score
-        (``None``) is NaN (importance ratio 1, as in TRL); columns past a row's length are 0 (masked)."""
-        out = torch.zeros(completion_ids.shape, dtype=torch.float32)
-        for i, lp in enumerate(logps_list):
-            if lp is None:
-                out[i].fill_(math.nan)
+
+def importance_ratio(old, sampling, mask, mode: str, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """Truncated / masked importance ratio π_θold / π_vLLM of the sampled tokens (TRL's vLLM correction).
+
+    ``old``, ``sampling``: (B, C) per-token log-probs of the trainer and of vLLM; ``mask``: (B, C) loss mask;
+    ``mode``, ``clip_min``, ``clip_max``: the config's ``vllm_importance_sampling_mode`` / ``_clip_min`` /
+    ``_clip_max``. Returns (B, C) for ``token_*`` modes, (B, 1) for ``sequence_*`` (the exp of the summed masked
+    log-ratio); ``*_truncate`` clamps to [clip_min, clip_max], ``*_mask`` zeroes ratios outside it. NaN log-probs
+    count as a log-ratio of 0. Same computation as ``GRPOTrainer._generate_and_score_completions`` (which does it
+    inline, so it cannot be called): ``tests/test_trl_compat.py`` runs TRL's lines on the same inputs and compares.
+    """
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    lo, hi = clip_min, clip_max
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=lo, max=hi)
+    lo = -math.inf if lo is None else lo
+    hi = math.inf if hi is None else hi
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+
+def sampling_metrics(old, sampling, ratio, mask, mode: str, gather) -> dict[str, float]:
+    """TRL's vLLM sampling metrics under TRL's names: |logp_trainer - logp_vLLM| over loss tokens (mean, max)
+    and the importance ratio (min, mean, max; over loss tokens, or over sequences in ``sequence_*`` ``mode``).
+
+    ``old``, ``sampling``, ``mask``: (B, C); ``ratio``: :func:`importance_ratio`'s output; ``gather``: the
+    accelerator's ``gather`` (each statistic is reduced over all ranks). A statistic with no loss token on any rank
+    is NaN."""
+    device = mask.device
+    keep = mask.bool()
+    delta = torch.abs(old - sampling)[keep & ~torch.isnan(old - sampling)]
+    if mode.startswith("sequence"):  # (B, 1): rows with a loss token
+        flat = ratio[keep.any(dim=1)].flatten()
+    else:
+        flat = ratio[keep]
+
+    def stat(values, fn):
+        return fn(values) if values.numel() else torch.tensor(math.nan, device=device)
+
+    values = {
+        "sampling/sampling_logp_difference/mean": gather(stat(delta, torch.mean)).nanmean(),
+        "sampling/sampling_logp_difference/max": gather(stat(delta, torch.max)).nan_to_num(-math.inf).max(),
+        "sampling/importance_sampling_ratio/min": gather(stat(flat, torch.min)).nan_to_num(math.inf).min(),
+        "sampling/importance_sampling_ratio/mean": gather(stat(flat, torch.mean)).nanmean(),
+        "sampling/importance_sampling_ratio/max": gather(stat(flat, torch.max)).nan_to_num(-math.inf).max(),
+    }
+    # ±inf: no loss token on any rank
+    return {key: value.item() if torch.isfinite(value) else math.nan for key, value in values.items()}
+
+
+# ---------------------------------------------------------------------------------------------- LoRA merge
+def _lora_layers(model):
+    """``{id(parameter): (lora layer, "weight" | "bias")}`` for every base weight (and merged bias) a PEFT LoRA
+    layer would change on ``merge_adapter()``."""
+    from peft.tuners.lora import LoraLayer
+
+    found = {}
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            base = module.get_base_layer()
+            found[id(base.weight)] = (module, "weight")
+            if getattr(base, "bias", None) is not None:
+                found[id(base.bias)] = (module, "bias")
+    return found
+
+
+def _adapters_to_merge(layer) -> list[str]:
+    """The adapters PEFT's ``merge()`` would merge into ``layer`` now (``peft.tuners.tuners_utils.
+    check_adapters_to_merge``): the active ones it holds that are not merged already; none when adapters are
+    disabled."""
+    if getattr(layer, "disable_adapters", False):
+        return []
+    held = set(getattr(layer, "lora_A", {}).keys()) | set(getattr(layer, "lora_embedding_A", {}).keys())
+    merged = set(getattr(layer, "merged_adapters", []))
+    return [a for a in layer.active_adapters if a in held and a not in merged]
+
+
+def out_of_place_merge_supported(model) -> str | None:
+    """``None`` when every LoRA layer of ``model`` is a plain additive one :func:`merged_lora_weight` can merge
+    (``nn.Linear``/``Conv1D`` or ``nn.Embedding`` base, no DoRA or other ``lora_variant``); else the reason."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        adapters = _adapters_to_merge(module)
+        if not adapters:
+            continue
+        if any(a in getattr(module, "lora_variant", {}) for a in adapters):
+            return f"{name} uses a LoRA variant (e.g. DoRA), whose merge is not W + scale·B·A"
+        if not (set(adapters) <= set(getattr(module, "lora_A", {}).keys())
+                or set(adapters) <= set(getattr(module, "lora_embedding_A", {}).keys())):
+            return f"{name} mixes adapter kinds"
+        if getattr(module, "lora_A", {}) and module.get_base_layer().weight.dim() != 2:
+            return f"{name} is a {type(module).__name__} LoRA layer (only Linear/Conv1D/Embedding are merged)"
+    return None
+
+
+def merged_lora_weight(layer, kind: str, base: torch.Tensor) -> torch.Tensor:
+    """The weight (``kind="weight"``) or bias (``"bias"``) PEFT's ``merge()`` would leave in ``layer``'s base layer,
+    as a new tensor: ``base + Σ_a scaling[a] · (B_a @ A_a)`` (transposed for ``fan_in_fan_out`` / embeddings; bias:
+    ``base + Σ scaling[a] · lora_B[a].bias`` when ``lora_bias``) over the adapters it would merge, computed in fp32
+    and cast once to ``base.dtype``. ``base`` (the current, possibly gathered, base tensor) is only read.
+
+    Source: ``peft.tuners.lora.layer.Linear.merge`` / ``get_delta_weight`` and ``Embedding.merge`` (peft 0.21).
+    """
+    adapters = _adapters_to_merge(layer)
+    if not adapters:
+        return base
+    total = base.detach().float()
+    for a in adapters:
+        scale = layer.scaling[a]
+        if a in getattr(layer, "lora_embedding_A", {}):
+            if kind == "bias":
                 continue
-            lp = lp[: out.size(1)]
-            out[i, : len(lp)] = torch.tensor([math.nan if x is None else x for x in lp], dtype=torch.float32)
-        return out.to(completion_ids.device)
-
-    def _importance_ratio(self, old, sampling, mask) -> torch.Tensor:
-        """Truncated / masked importance ratio π_θold / π_vLLM of the sampled tokens (TRL's vLLM correction).
-
-        ``old``, ``sampling``: (B, C) per-token log-probs of the trainer and of vLLM; ``mask``: (B, C) loss mask.
-        Returns (B, C) for ``vllm_importance_sampling_mode`` ``token_*``, (B, 1) for ``sequence_*`` (the exp of the
-        summed masked log-ratio); ``*_truncate`` clamps to [clip_min, clip_max], ``*_mask`` zeroes ratios outside it.
-        NaN log-probs count as a log-ratio of 0. Same computation as ``GRPOTrainer._generate_and_score_completions``
-        (which does it inline, so it cannot be called): ``tests/test_trl_compat.py`` runs TRL's lines on the same
-        inputs and compares.
-        """
-        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
-        mode = self.vllm_importance_sampling_mode
-        if mode.startswith("sequence"):
-            diff = diff.sum(dim=-1, keepdim=True)
-        ratio = torch.exp(diff)
-        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        if mode.endswith("truncate"):
-            return torch.clamp(ratio, min=lo, max=hi)
-        lo = -math.inf if lo is None else lo
-        hi = math.inf if hi is None else hi
-        return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
-
-    def _record_sampling_metrics(self, mode, old, sampling, ratio, mask) -> None:
-        """TRL's vLLM sampling metrics under TRL's names: |logp_trainer - logp_vLLM| over loss tokens (mean, max)
-        and the importance ratio (min, mean, max; over loss tokens, or over sequences in ``sequence_*`` modes)."""
-        device = mask.device
-        keep = mask.bool()
-        delta = torch.abs(old - sampling)[keep & ~torch.isnan(old - sampling)]
-        if self.vllm_importance_sampling_mode.startswith("sequence"):  # (B, 1): rows with a loss token
-            flat = ratio[keep.any(dim=1)].flatten()
+            # Embedding: weight_B @ weight_A is (dim, vocab); the base weight is (vocab, dim)
+            delta = (layer.lora_embedding_B[a].detach().float() @ layer.lora_embedding_A[a].detach().float()).T
+        elif kind == "bias":
+            if not getattr(layer, "lora_bias", {}).get(a, False):
+                continue
+            delta = layer.lora_B[a].bias.detach().float()
         else:
-            flat = ratio[keep]
+            delta = layer.lora_B[a].weight.detach().float() @ layer.lora_A[a].weight.detach().float()
+            if getattr(layer, "fan_in_fan_out", False):
+                delta = delta.T
+        total = total + delta.to(total.device) * scale
+    return total.to(base.dtype)
 
-        def stat(values, fn):
-            return fn(values) if values.numel() else torch.tensor(math.nan, device=device)
 
-        gather = self.accelerator.gather
-        values = {
-            "sampling/sampling_logp_difference/mean": gather(stat(delta, torch.mean)).nanmean(),
-            "sampling/sampling_logp_difference/max": gather(stat(delta, torch.max)).nan_to_num(-math.inf).max(),
-            "sampling/importance_sampling_ratio/min": gather(stat(flat, torch.min)).nan_to_num(math.inf).min(),
-            "sampling/importance_sampling_ratio/mean": gather(stat(flat, torch.mean)).nanmean(),
-            "sampling/importance_sampling_ratio/max": gather(stat(flat, torch.max)).nan_to_num(-math.inf).max(),
-        }
-        logged = trl_compat.metrics(self, mode)
-        for key, value in values.items():  # ±inf: no loss token on any rank
-            logged[key].append(value.item() if torch.isfinite(value) else math.nan)
-
+def iter_merged_named_params(model, named_params):
+    """``(name, tensor)`` for ``named_params`` (``model.named_parameters()`` or a subset), where each base weight
+    (bias) of a LoRA layer is replaced by :func:`merged_lora_weight`'s out-of-place merge; other tensors are the
+    parameters' ``.data`` as they are. Lazy: one merged tensor exists at a time."""
+    targets = _lora_layers(model)
+    for name, param in named_params:
+        target = targets.get(id(param))
+        yield name, (param.data if target is None else merged_lora_weight(target[0], target[1], param.data))

@@ -71,7 +71,7 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
 def ray_local():
     """One small local Ray instance for the whole session (EnvPool backend="ray" tests): 2 CPUs, as the pool
     tests run 2 workers and each actor reserves one; no dashboard; workers import tests/ and the checkout."""
-    ray = pytest.importorskip("ray")
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install gigpo_trl[ray]): Ray backend untested")
     root = Path(__file__).resolve().parents[1]
     paths = [str(Path(__file__).parent), str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,

@@ -1,4 +1,4 @@
-"""Numbers that hold in bf16 (issue 20): LoRA weight sync out of place, positions from the attention mask, the
+"""Numbers that hold in bf16: LoRA weight sync out of place, positions from the attention mask, the
 budget-off loss scale, filler rows, and the DeepSpeed step guard. CPU only, no vLLM."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from toy_env import NoisyCorridorEnv
 from test_trainer import capture_rollouts, make_args
 
 from gigpo_trl import GiGPOTrainer, trl_compat
-from gigpo_trl.numerics import DeepSpeedStepGuard, install_mask_positions, positions_from_mask
+from gigpo_trl.grad_accumulation import DeepSpeedStepGuard
+from gigpo_trl.positions import install_mask_positions, positions_from_mask
 
 
 # ---------------------------------------------------------------------------------------------- LoRA sync
@@ -118,8 +119,8 @@ def _trl_positions(trainer):
 def test_same_row_in_batches_of_different_widths_gives_identical_logps(bf16_trainer):
     # What positions decide: with eager attention and shifts of whole 64-column blocks (the CPU bf16 GEMMs then sum
     # the same products in the same order), a row's log-probs are bit-identical; with TRL's positions they are not.
-    # Other shifts, and PyTorch's CPU sdpa kernel at any shift, still round differently (~2e-3 to 4e-3 in bf16:
-    # benchmarks/bench_positions.py); the on-policy ratio is exactly 1 whatever the kernel (next test).
+    # Other shifts, and PyTorch's CPU sdpa kernel at any shift, still round differently (figures: benchmarks/README.md,
+    # "bf16 numerics"); the on-policy ratio is exactly 1 whatever the kernel (next test).
     trainer, rows = bf16_trainer
     assert next(trainer.model.parameters()).dtype == torch.bfloat16
     row = rows[-1]
@@ -135,7 +136,7 @@ def test_same_row_in_batches_of_different_widths_gives_identical_logps(bf16_trai
         config._attn_implementation = saved
     assert [float((a - after[0]).abs().max()) for a in after[1:]] == [0.0] * (len(pads) - 1)
     assert torch.equal(before[0], after[0])  # no padding: the same positions either way
-    # TRL's forward: the log-probs move with the padding (figure quoted in the closing note)
+    # TRL's forward: the log-probs move with the padding
     assert max(float((b - before[0]).abs().max()) for b in before[1:]) > 1e-3
 
 
@@ -188,7 +189,7 @@ def test_on_policy_ratio_is_exactly_one_with_the_budget(bf16_trainer):
     second = trainer._prepare_inputs(None)
     assert second["old_per_token_logps"] is trainer._buffered_inputs[1]["old_per_token_logps"]  # off-policy: kept
     # Before: the stored scoring-pass values as π_old on the on-policy micro-step (TRL's positions, sdpa kernel):
-    # ratios off 1 (here max |log ratio| 4e-5, 0.8 % of tokens clipped at clip range 0; figures in the closing note)
+    # ratios off 1, so some tokens are clipped at clip range 0
     stored = trainer._buffered_inputs[0]
     with _trl_positions(trainer):
         clipped, deviation = _micro_step_loss(trainer, stored, 1.0)
@@ -287,7 +288,7 @@ def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
     yield; here that runs although the block raised."""
     from trl.models import unwrap_model_for_generation
 
-    from gigpo_trl.numerics import unwrap_for_generation
+    from gigpo_trl.generation import unwrap_for_generation
 
     trainer, _ = bf16_trainer
     model = trainer.model
@@ -311,9 +312,9 @@ def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
 # ---------------------------------------------------------------------------------------------- fp32 accumulation
 def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
     """One row per sub-batch (32 sub-batches) on the bf16 model, against the fp32 gradient of the same weights:
-    summed in fp32 the relative error is 2.6e-2, summed in the bf16 .grad 5.7e-2; one unsplit bf16 backward of the
-    32 padded rows is 3.4e-1 (its error grows with the rows and padding of a forward: 1.1e-1 at 4 rows each)."""
-    from gigpo_trl import numerics
+    summed in fp32 its relative error is below one unsplit bf16 backward's, and summed in the bf16 ``.grad`` it is
+    more than 1.5 times the fp32 sum's (figures: benchmarks/README.md, "bf16 numerics")."""
+    from gigpo_trl import grad_accumulation
 
     trainer, rows = bf16_trainer
     batch = trainer._rows_to_batch(rows, torch.linspace(-1, 1, len(rows)).numpy(), [len(rows)], "train")
@@ -337,7 +338,7 @@ def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
         trainer.model.to(torch.bfloat16)
     one = grad(None)
     split_fp32 = grad(widest)
-    monkeypatch.setattr(numerics.Fp32GradAccumulator, "for_model", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(grad_accumulation.Fp32GradAccumulator, "for_model", classmethod(lambda cls, *a: None))
     split_bf16 = grad(widest)
 
     def rel(g):

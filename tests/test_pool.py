@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv
+from gigpo_trl.envs import pool as pool_module
 from gigpo_trl.envs.pool import EnvPool
 
 RAISE_TASK, HANG_TASK, NAN_TASK = 666, 777, 888
@@ -246,6 +247,79 @@ def test_ray_killed_actor_gives_errors_then_recovers(ray_local):
         results = pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])
         assert all(r.error is None for r in results)
         assert all(r.error is None for r in pool.step({1: "down", 3: "down"}).values())
+
+
+# ---------------------------------------------------------------------------------------------- Ray from the config
+def test_config_and_job_flags_choose_the_env_backend(tmp_path):
+    from gigpo_trl import GiGPOConfig
+    from gigpo_trl.job import build_parser
+
+    base = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(ValueError, match=r"^env_backend must be one of \['process', 'ray'\], got 'dask'$"):
+        GiGPOConfig(**base, env_backend="dask")
+    with pytest.raises(ValueError, match=r"^env_backend='ray' runs the environments in num_env_workers Ray actors; "
+                                         r"set num_env_workers >= 1, got 0$"):
+        GiGPOConfig(**base, env_backend="ray")
+    with pytest.raises(ValueError, match=r"^ray_address='auto' needs env_backend='ray', got env_backend='process'$"):
+        GiGPOConfig(**base, ray_address="auto")
+    with pytest.raises(ValueError, match=r"^ray_address='auto' needs backend='ray', got backend='process'$"):
+        EnvPool(FrozenLakeEnv, num_workers=1, ray_address="auto")
+    _, args, _ = build_parser({"env": "frozenlake"}).parse_args_and_config(
+        ["--output_dir", str(tmp_path), "--env_backend", "ray", "--num_env_workers", "3", "--ray_address",
+         "ray://head:10001"])
+    assert (args.env_backend, args.num_env_workers, args.ray_address) == ("ray", 3, "ray://head:10001")
+
+
+def test_ray_address_goes_to_ray_init_unless_ray_is_initialised(monkeypatch):
+    """No Ray is started: ``ray.init`` is replaced by a recorder that stops the pool right there."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install gigpo_trl[ray]): Ray backend untested")
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(Stop):
+        EnvPool(FrozenLakeEnv, num_workers=1, backend="ray", ray_address="ray://head:10001")
+    with pytest.raises(Stop):
+        EnvPool(FrozenLakeEnv, num_workers=1, backend="ray")  # None: Ray's lookup (RAY_ADDRESS, else local)
+    assert [c["address"] for c in calls] == ["ray://head:10001", None]
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    pool_module._connect_ray("ray://head:10001")  # an initialised Ray (the user's ray.init) is used as is
+    assert len(calls) == 2
+
+
+@RAY
+def test_trainer_runs_its_envs_in_ray_actors_from_the_config(ray_local, tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                             monkeypatch):
+    """``GiGPOConfig(env_backend="ray")``: the collector's pool steps the environments in Ray actors of the Ray
+    instance this process already holds (``ray.init`` is not called again). Always "right" in corridors of
+    (length, start) (3, 0), (4, 1), (6, 0), (5, 2) within 4 turns: wins in 2, 2, -, 2 turns."""
+    import datasets
+    from test_trainer import make_args
+    from toy_env import CorridorEnv
+
+    from gigpo_trl import GiGPOTrainer
+
+    monkeypatch.setattr(ray_local, "init", lambda *a, **k: pytest.fail("ray.init called with Ray initialised"))
+    args = make_args(tmp_path, env_backend="ray", num_env_workers=2, per_device_eval_batch_size=4)
+    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+    right = tiny_tokenizer.encode("<think>x</think><action>right</action>")
+    trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
+    try:
+        metrics = trainer.evaluate(datasets.Dataset.from_dict({"task": [3, 4, 6, 5], "seed": [0, 1, 0, 2]}))
+        pool = next(iter(trainer.collector.pools.values()))
+        assert pool.backend == "ray" and pool.num_workers == 2
+        assert pool.num_envs_created() == 4  # counted inside the actors
+    finally:
+        trainer.collector.close()
+    assert metrics["eval_success_rate"] == 0.75 and metrics["eval_length_mean"] == 2.5
+    assert metrics["eval_num_tasks"] == 4.0 and metrics["eval_failed_rate"] == 0.0
 
 
 def test_envs_reused_across_resets_and_pool_grows():

@@ -30,6 +30,7 @@ from trl import GRPOTrainer
 from gigpo_trl import GiGPOTrainer, trl_compat
 from gigpo_trl.config import BUDGET_LOSS_TYPES
 from gigpo_trl.microbatch import take_rows
+from gigpo_trl.vllm_glue import importance_ratio
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gigpo_trl"
 
@@ -261,7 +262,7 @@ def test_sub_batch_scale_matches_compute_loss(trainer, fixed_batch, loss_type):
 
 
 def test_prepare_inputs_hook(trainer, fixed_batch):
-    """``ExactOnPolicyRatioMixin._prepare_inputs`` overrides TRL's hook (called by ``Trainer.training_step`` once per
+    """``GiGPOTrainer._prepare_inputs`` overrides TRL's hook (called by ``Trainer.training_step`` once per
     micro-step) and drops ``old_per_token_logps`` on on-policy micro-steps, relying on ``_compute_loss`` then taking
     the training forward's own (detached) log-probs as π_old: the same loss as passing those log-probs."""
     assert "_prepare_inputs" in trl_compat.OVERRIDDEN_HOOKS
@@ -446,7 +447,7 @@ def _trl_importance_block() -> str:
     ("sequence_mask", 0.7, 3.0), ("sequence_mask", None, 3.0), ("token_mask", None, None),
 ])
 def test_importance_ratio_matches_trl(mode, lo, hi):
-    """Our ``VLLMSamplingMixin._importance_ratio`` against TRL's own lines (cut out of
+    """Our :func:`gigpo_trl.vllm_glue.importance_ratio` against TRL's own lines (cut out of
     ``_generate_and_score_completions`` and run) on the same log-probs, NaNs and mask included."""
     gen = torch.Generator().manual_seed(2)
     old = -torch.rand(4, 6, generator=gen) * 2
@@ -460,7 +461,7 @@ def test_importance_ratio_matches_trl(mode, lo, hi):
         scope = {"self": host, "completion_mask": mask, "tool_mask": None, "old_per_token_logps": old,
                  "sampling_per_token_logps": sampling, "torch": torch, "math": math}
         exec(compile(_trl_importance_block(), "<trl importance sampling>", "exec"), scope)
-        ours = GiGPOTrainer._importance_ratio(host, old, sampling, mask)
+        ours = importance_ratio(old, sampling, mask, mode, lo, hi)
         torch.testing.assert_close(ours, scope["vllm_importance_sampling_ratio"], atol=0, rtol=0)
 
 

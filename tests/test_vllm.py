@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,11 +32,6 @@ from gigpo_trl import vllm_glue
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not importable")
-
-
-def ratio_host(mode, lo=None, hi=3.0):
-    return SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=lo,
-                           vllm_importance_sampling_clip_max=hi)
 
 
 # Row 0: loss tokens 0 and 1 (log-ratios +0.1 and -0.5), token 2 masked with a NaN sampling log-prob.
@@ -56,14 +50,14 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     ("sequence_mask", None, 3.0, [[math.exp(-0.4)], [math.exp(0.2)], [1.0]]),
 ])
 def test_importance_ratio_hand_computed(mode, lo, hi, expected):
-    ratio = GiGPOTrainer._importance_ratio(ratio_host(mode, lo, hi), OLD, SAMPLING, MASK)
+    ratio = vllm_glue.importance_ratio(OLD, SAMPLING, MASK, mode, lo, hi)
     torch.testing.assert_close(ratio, torch.tensor(expected), atol=1e-6, rtol=0)
 
 
 def test_sampling_logps_aligned_with_completion_ids():
     completion_ids = torch.zeros(4, 3, dtype=torch.long)
     logps = [[-0.1, -0.2, -0.3], [-1.0], None, [-0.5, None]]
-    out = GiGPOTrainer._sampling_logps(logps, completion_ids)
+    out = vllm_glue.sampling_logps(logps, completion_ids)
     assert out.shape == (4, 3) and out.dtype == torch.float32
     torch.testing.assert_close(out[0], torch.tensor([-0.1, -0.2, -0.3]))
     torch.testing.assert_close(out[1], torch.tensor([-1.0, 0.0, 0.0]))  # past the row's length: 0 (masked)
@@ -72,12 +66,11 @@ def test_sampling_logps_aligned_with_completion_ids():
 
 
 def test_sampling_metrics_hand_computed():
-    host = ratio_host("token_truncate", None, 3.0)
-    host._metrics = defaultdict(lambda: defaultdict(list))
-    host.accelerator = SimpleNamespace(gather=lambda t: t.reshape(1))
-    ratio = GiGPOTrainer._importance_ratio(host, OLD, SAMPLING, MASK)
-    GiGPOTrainer._record_sampling_metrics(host, "train", OLD, SAMPLING, ratio, MASK)
-    m = {k: v[0] for k, v in host._metrics["train"].items()}
+    def gather(t):  # two ranks: this one and a rank without loss tokens (NaN statistics)
+        return torch.stack([t, torch.tensor(math.nan)])
+
+    ratio = vllm_glue.importance_ratio(OLD, SAMPLING, MASK, "token_truncate", None, 3.0)
+    m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, MASK, "token_truncate", gather)
     # loss tokens: |diff| = 0.1, 0.5, 0.2; ratios exp(0.1), exp(-0.5), exp(0.2)
     assert m["sampling/sampling_logp_difference/mean"] == pytest.approx(0.8 / 3, abs=1e-6)
     assert m["sampling/sampling_logp_difference/max"] == pytest.approx(0.5, abs=1e-6)
@@ -86,12 +79,14 @@ def test_sampling_metrics_hand_computed():
         (math.exp(0.1) + math.exp(-0.5) + math.exp(0.2)) / 3, abs=1e-6)
     assert m["sampling/importance_sampling_ratio/max"] == pytest.approx(math.exp(0.2), abs=1e-6)
     # sequence level: one ratio per row with a loss token (the filler row is left out)
-    host.vllm_importance_sampling_mode = "sequence_mask"
-    host._metrics.clear()
-    ratio = GiGPOTrainer._importance_ratio(host, OLD, SAMPLING, MASK)
-    GiGPOTrainer._record_sampling_metrics(host, "train", OLD, SAMPLING, ratio, MASK)
-    assert host._metrics["train"]["sampling/importance_sampling_ratio/mean"][0] == pytest.approx(
-        (math.exp(-0.4) + math.exp(0.2)) / 2, abs=1e-6)
+    ratio = vllm_glue.importance_ratio(OLD, SAMPLING, MASK, "sequence_mask", None, 3.0)
+    m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, MASK, "sequence_mask", gather)
+    assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx((math.exp(-0.4) + math.exp(0.2)) / 2,
+                                                                         abs=1e-6)
+    # no loss token on any rank: every statistic NaN
+    none = torch.zeros_like(MASK)
+    m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, none, "sequence_mask", gather)
+    assert all(math.isnan(v) for v in m.values()) and len(m) == 5
 
 
 def _args(tmp_path, **kw):
@@ -128,6 +123,38 @@ def test_server_guard_turns_the_cpu_refusal_into_one_message(tmp_path, caplog):
     with vllm_glue.server_weight_sync_guard(_args(tmp_path, use_vllm=True, vllm_mode="colocate")) as state:
         assert VLLMClient.init_communicator is original
     assert state.available and state.message is None
+
+
+def test_score_logps_puts_the_vllm_ratio_in_the_batch_and_logs_its_metrics(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """The trainer's vLLM branch without vLLM: sampling log-probs as given per row, the ratio of the trainer's own
+    old log-probs against them, and the five metrics under TRL's names (the values :mod:`vllm_glue` computes)."""
+    from test_trainer import make_args
+    from toy_env import NoisyCorridorEnv
+
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(tmp_path),
+                           processing_class=tiny_tokenizer)
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # as a vLLM run sets them
+    trainer.vllm_importance_sampling_mode = "token_mask"
+    prompt_ids, prompt_mask = torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    completion_ids, completion_mask = torch.tensor([[10, 11], [12, 0]]), torch.tensor([[1, 1], [1, 0]])
+    out = trainer._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask,
+                               [[-1.0, None], [-2.0]], "train")
+    sampling = out["sampling_per_token_logps"]
+    assert sampling[0, 0] == -1.0 and torch.isnan(sampling[0, 1]) and sampling[1].tolist() == [-2.0, 0.0]
+    expected = vllm_glue.importance_ratio(out["old_per_token_logps"], sampling, completion_mask, "token_mask",
+                                          trainer.vllm_importance_sampling_clip_min,
+                                          trainer.vllm_importance_sampling_clip_max)
+    torch.testing.assert_close(out["importance_sampling_ratio"], expected, atol=0, rtol=0)
+    logged = trainer._metrics["train"]
+    diff = (out["old_per_token_logps"][0, 0] + 1.0).abs()  # |old - sampling|: token (0, 0) and token (1, 0)
+    diff = torch.stack([diff, (out["old_per_token_logps"][1, 0] + 2.0).abs()])
+    assert logged["sampling/sampling_logp_difference/mean"] == [pytest.approx(float(diff.mean()))]
+    assert logged["sampling/sampling_logp_difference/max"] == [pytest.approx(float(diff.max()))]
+    assert {k for k in logged if k.startswith("sampling/")} == {
+        "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+        "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/max"}
+    trainer.collector.close()
 
 
 # ---------------------------------------------------------------------------------------------------- real vLLM

@@ -18,9 +18,15 @@ Backends:
   error result right away, the others get "worker restarted" on their next ``step`` unless reset first). The
   error of the slot whose env call was running when the worker hung or died says so ("timed out", "worker
   process died"); the other slots of the call are told "worker restarted because another slot ... failed".
-- ``backend="ray"``: one Ray actor per worker instead of a process (needs ``pip install gigpo_trl[ray]``);
-  the timeout there bounds a whole worker message (``step_timeout`` times its number of slots), and every slot
-  of a timed-out or dead actor fails with it (no per-slot progress counter). Actor start-up is waited for
+- ``backend="ray"``, ``num_workers>=1``: one Ray actor per worker instead of a process (needs
+  ``pip install gigpo_trl[ray]``), each reserving one CPU wherever the cluster places it: the path for
+  environments that outgrow one machine. A Ray instance already initialised in this process (``ray.init(...)``
+  called by the user, with whatever address and ``runtime_env``) is used as is; otherwise the pool calls
+  ``ray.init(address=ray_address)``: ``"auto"`` or ``"host:port"`` joins a cluster started with ``ray start``,
+  ``"ray://host:10001"`` a remote one through Ray Client, and ``None`` lets Ray find a cluster through
+  ``RAY_ADDRESS`` or start a local instance. The env factory (and ``gigpo_trl``) must be importable on every
+  node. The timeout there bounds a whole worker message (``step_timeout`` times its number of slots), and every
+  slot of a timed-out or dead actor fails with it (no per-slot progress counter). Actor start-up is waited for
   separately (like a worker process's), so it never counts as env time.
 
 Environments are created lazily by ``env_factory`` (one instance per slot, where the slot lives) and reused
@@ -49,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT = 300.0  # seconds a new worker may take to import modules and unpickle the factory
 _RESTARTED = "worker restarted"
+BACKENDS = ("process", "ray")  # where the workers run (num_workers >= 1); GiGPOConfig.env_backend takes these
 
 
 @dataclass
@@ -294,7 +301,17 @@ class EnvPool:
             worker processes (or Ray actors), slot ``i`` in worker ``i % n``.
         step_timeout (`float`, *optional*): seconds one env ``reset``/``step`` may take before its worker is
             killed and restarted (workers only).
-        backend (`str`, defaults to `"process"`): ``"process"`` or ``"ray"``.
+        backend (`str`, defaults to `"process"`): ``"process"`` (worker processes on this machine) or ``"ray"``
+            (Ray actors, on a cluster if Ray is connected to one; see the module docstring).
+        ray_address (`str`, *optional*): ``ray.init(address=...)`` when ``backend="ray"`` and Ray is not yet
+            initialised in this process (``"auto"``, ``"host:port"``, ``"ray://host:10001"``); ``None``: Ray's own
+            lookup (``RAY_ADDRESS``, else a local instance). Ignored when Ray is already initialised.
+
+    Raises:
+        TypeError: ``env_factory`` is not callable, or cannot be pickled when ``num_workers > 0``.
+        ValueError: a negative ``num_workers``, an unknown ``backend``, ``step_timeout <= 0``, or ``ray_address``
+            with ``backend="process"``.
+        ImportError: ``backend="ray"`` without the ``ray`` package.
 
     Example::
 
@@ -311,6 +328,7 @@ class EnvPool:
         num_workers: int = 0,
         step_timeout: float | None = None,
         backend: str = "process",
+        ray_address: str | None = None,
     ):
         if not callable(env_factory):
             raise TypeError(
@@ -318,8 +336,10 @@ class EnvPool:
             )
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if backend not in ("process", "ray"):
+        if backend not in BACKENDS:
             raise ValueError(f"backend must be 'process' or 'ray', got {backend!r}")
+        if ray_address is not None and backend != "ray":
+            raise ValueError(f"ray_address={ray_address!r} needs backend='ray', got backend={backend!r}")
         if step_timeout is not None and step_timeout <= 0:
             raise ValueError(f"step_timeout must be > 0 or None, got {step_timeout}")
         self.env_factory = env_factory
@@ -352,6 +372,7 @@ class EnvPool:
                 "local function"
             ) from None
         if backend == "ray":
+            _connect_ray(ray_address)
             self._workers = [_RayWorker(i, env_factory) for i in range(self.num_workers)]
         else:
             self._ctx = _mp_context()
@@ -578,14 +599,24 @@ class EnvPool:
         return results
 
 
+def _connect_ray(address: str | None) -> None:
+    """Use the Ray instance this process is connected to, as it is; else ``ray.init(address=address)`` (``None``:
+    Ray's own lookup, ``RAY_ADDRESS`` or a new local instance)."""
+    import ray
+
+    if ray.is_initialized():
+        if address is not None:
+            logger.info("EnvPool: Ray is already initialised in this process; ray_address=%r is not used", address)
+        return
+    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+
+
 class _RayWorker:
     """One Ray actor holding a ``_SlotRunner``."""
 
     def __init__(self, index: int, env_factory: Callable[[], Any]):
         import ray
 
-        if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, log_to_driver=False)
         self.index = index
         self.env_factory = env_factory
         self._actor_class = ray.remote(num_cpus=1)(_RayRunner)
@@ -653,5 +684,5 @@ class _RayRunner:
         self.runner.close()
 
 
-__all__ = ["EnvPool", "EnvResult"]
+__all__ = ["BACKENDS", "EnvPool", "EnvResult"]
 

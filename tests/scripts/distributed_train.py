@@ -140,7 +140,9 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
     if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
         import contextlib
 
-        trainer._generation_params_gathered = contextlib.nullcontext
+        import gigpo_trl.trainer
+
+        gigpo_trl.trainer.generation_params_gathered = lambda *args: contextlib.nullcontext()
     rows, calls, gathers, prompts = [], [], [], []
     collect, score = trainer.collector.collect, trainer._generate_and_score_completions
 
