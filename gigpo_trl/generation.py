@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from .numerics import unwrap_for_generation
+from .vllm_glue import eval_generation_kwargs
 
 
 class GenerationContextMixin:
@@ -37,11 +38,14 @@ class GenerationContextMixin:
     @contextlib.contextmanager
     def _eval_sampling(self):
         """Sample at ``eval_temperature`` (0 = greedy) with the model in eval mode (dropout off) for the duration of
-        the block; the previous mode and sampling settings come back afterwards, also when the block raises."""
+        the block; the previous mode and sampling settings come back afterwards, also when the block raises. With
+        vLLM, ``generation_kwargs`` keys that would override the evaluation's sampling are left out meanwhile
+        (:func:`gigpo_trl.vllm_glue.eval_generation_kwargs`)."""
         temperature = self.args.eval_temperature
         saved = (self.generation_config.do_sample, self.generation_config.temperature,
                  dict(self.generation_kwargs)) if hasattr(self, "generation_config") else None
-        saved_vllm = self.vllm_generation.temperature if self.use_vllm else None
+        vg = self.vllm_generation if self.use_vllm else None
+        saved_vllm = (vg.temperature, vg.generation_kwargs) if vg is not None else None
         was_training = self.model.training
         try:
             self.model.eval()
@@ -52,14 +56,15 @@ class GenerationContextMixin:
                 if not greedy:
                     self.generation_config.temperature = temperature
                     self.generation_kwargs["temperature"] = temperature
-            if self.use_vllm:
-                self.vllm_generation.temperature = temperature
+            if vg is not None:  # TRL's VLLMClient / SamplingParams let generation_kwargs override the temperature
+                vg.temperature = temperature
+                vg.generation_kwargs = eval_generation_kwargs(saved_vllm[1], temperature)
             yield
         finally:
             if saved is not None:
                 self.generation_config.do_sample, self.generation_config.temperature = saved[0], saved[1]
                 self.generation_kwargs.clear()
                 self.generation_kwargs.update(saved[2])
-            if self.use_vllm:
-                self.vllm_generation.temperature = saved_vllm
+            if vg is not None:
+                vg.temperature, vg.generation_kwargs = saved_vllm
             self.model.train(was_training)
