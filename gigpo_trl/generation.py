@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 
+from .vllm_glue import eval_generation_kwargs
+
 
 @contextlib.contextmanager
 def generation_params_gathered(model_wrapped, accelerator, args, use_vllm: bool):
@@ -41,10 +43,12 @@ def eval_sampling(model, temperature: float, generation_config=None, generation_
 
     ``generation_config`` / ``generation_kwargs``: the trainer's transformers generation settings (``None`` with
     vLLM, where TRL builds none); ``vllm_generation``: TRL's ``VLLMGeneration`` (``None`` without vLLM), whose
-    ``temperature`` is set instead."""
+    ``temperature`` is set instead, and its ``generation_kwargs`` keys that would override the evaluation's sampling
+    are left out meanwhile (:func:`gigpo_trl.vllm_glue.eval_generation_kwargs`)."""
     saved = (generation_config.do_sample, generation_config.temperature,
              dict(generation_kwargs)) if generation_config is not None else None
-    saved_vllm = vllm_generation.temperature if vllm_generation is not None else None
+    saved_vllm = ((vllm_generation.temperature, vllm_generation.generation_kwargs)
+                  if vllm_generation is not None else None)
     was_training = model.training
     try:
         model.eval()
@@ -55,8 +59,9 @@ def eval_sampling(model, temperature: float, generation_config=None, generation_
             if not greedy:
                 generation_config.temperature = temperature
                 generation_kwargs["temperature"] = temperature
-        if vllm_generation is not None:
+        if vllm_generation is not None:  # TRL lets generation_kwargs override the temperature it sends
             vllm_generation.temperature = temperature
+            vllm_generation.generation_kwargs = eval_generation_kwargs(saved_vllm[1], temperature)
         yield
     finally:
         if saved is not None:
@@ -64,7 +69,7 @@ def eval_sampling(model, temperature: float, generation_config=None, generation_
             generation_kwargs.clear()
             generation_kwargs.update(saved[2])
         if vllm_generation is not None:
-            vllm_generation.temperature = saved_vllm
+            vllm_generation.temperature, vllm_generation.generation_kwargs = saved_vllm
         model.train(was_training)
 
 

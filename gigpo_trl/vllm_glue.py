@@ -1,11 +1,13 @@
 """vLLM glue: what GiGPO's multi-turn loop needs around TRL 1.16's vLLM paths (``trl.generation.vllm_generation``).
 
 GiGPO generates through TRL's ``_generate_single_turn`` once per turn, so TRL's vLLM code runs T times per
-iteration, but TRL still syncs the weights once per optimizer step (``_last_loaded_step``). Three things need help:
+iteration, but TRL still syncs the weights once per optimizer step (``_last_loaded_step``). What needs help:
 
 - **sleep mode** (``vllm_enable_sleep_mode``): TRL's colocate ``generate`` puts vLLM to sleep at level 2 (weights
   discarded) after every call and re-pushes the weights before the next one: T weight syncs per iteration in a
   multi-turn loop. :func:`check_vllm_args` warns at init.
+- **evaluation sampling**: TRL lets ``generation_kwargs`` override the temperature it sends; an evaluation sends
+  its own (:func:`eval_generation_kwargs`), and ``n`` other than 1 is refused at init (one completion per prompt).
 - **server mode without CUDA**: TRL's ``VLLMClient.init_communicator`` (NCCL weight transfer) raises
   ``NotImplementedError`` on a non-CUDA device. :func:`server_weight_sync_guard` turns that into one warning at
   init; generation through the server works, ``train()`` is refused up front (the server could never receive the
@@ -62,9 +64,36 @@ SLEEP_MODE_MESSAGE = (
 def check_vllm_args(args) -> None:
     """Init check of the vLLM settings of a :class:`~gigpo_trl.config.GiGPOConfig` (no effect when
     ``use_vllm=False``). Warns (``logging`` WARNING, logger ``gigpo_trl.vllm_glue``) when sleep mode would
-    re-sync the weights on every turn; it is correct, only slow, so it is not rejected."""
-    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
+    re-sync the weights on every turn; it is correct, only slow, so it is not rejected.
+
+    Raises:
+        ValueError: ``generation_kwargs`` sets ``n`` other than 1. TRL passes ``generation_kwargs`` last, over its
+            own ``n=1``, and pairs completion i with prompt i: rows would get other rows' completions.
+    """
+    if not args.use_vllm:
+        return
+    n = (args.generation_kwargs or {}).get("n", 1)
+    if n != 1:
+        raise ValueError(
+            f"generation_kwargs={{'n': {n!r}}} with use_vllm=True: GiGPO sends one prompt per environment and needs "
+            "one completion per prompt (TRL would pair completion i with prompt i); remove 'n' from generation_kwargs"
+        )
+    if args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
         logger.warning(SLEEP_MODE_MESSAGE.format(max_turns=args.max_turns))
+
+
+# generation_kwargs keys that set how a token is drawn: at a greedy evaluation none may reach vLLM
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")
+
+
+def eval_generation_kwargs(generation_kwargs: dict, temperature: float) -> dict:
+    """The ``generation_kwargs`` that an evaluation at ``temperature`` sends to vLLM (a new dict; the input is not
+    changed). TRL's ``VLLMClient.generate`` (server) and colocate ``SamplingParams`` apply ``generation_kwargs``
+    over their explicit ``temperature``, so a configured ``{"temperature": 0.9}`` would make every evaluation
+    sample: ``temperature`` is always left out (the evaluation's own is sent), and at ``temperature == 0``
+    (greedy) every key of :data:`SAMPLING_KEYS`. Other keys (penalties, stop strings, ...) stay."""
+    dropped = SAMPLING_KEYS if temperature == 0.0 else ("temperature",)
+    return {k: v for k, v in generation_kwargs.items() if k not in dropped}
 
 
 class _ServerSync:

@@ -15,7 +15,10 @@ check as ``[check_vllm] <mode> PASS|FAIL|N/A <name>: <figures>`` and exits 1 whe
 - mean importance-sampling ratio (π_trainer / π_vLLM, loss tokens) of the first rollout in [0.9, 1.1];
 - vLLM's log-prob of a fixed completion changed after the first optimizer step (colocate; read back from vLLM
   after each sync, next to the trainer's own log-prob of the same tokens);
-- greedy evaluation twice gives the same success rate.
+- greedy evaluation twice gives the same success rate and the same completion tokens in every row;
+- server: each generate request returns the prompt ids it was sent, row by row, one completion per prompt, and
+  every row of a rollout holds the prompt sent and the completion returned at its position; the sampling
+  settings sent (greedy with no ``generation_kwargs`` override in evaluations, the configured ones in training).
 
 The probes (:class:`Probe`) are also used by ``tests/test_vllm.py``.
 """
@@ -82,8 +85,11 @@ class Probe:
 
         self.eval_completions: list = []  # per evaluate(): every row's completion ids, in order
 
+        self.batches: list = []  # every collect's RolloutBatch, in order
+
         def captured_collect(*args, **kwargs):
             self._last_batch = collect(*args, **kwargs)
+            self.batches.append(self._last_batch)
             if self._mode == "eval":
                 self.eval_completions[-1].extend(r.completion_ids for r in self._last_batch.rows)
             return self._last_batch
@@ -159,6 +165,25 @@ class Probe:
         return float(logps.sum())
 
 
+class ServerRecorder:
+    """Records every ``VLLMClient.generate`` request of a server-mode trainer (main process): per request the probe's
+    mode (train / eval), the keyword arguments, the prompt ids sent, the prompt ids and completions returned."""
+
+    def __init__(self, probe: Probe):
+        self.requests: list[dict] = []
+        client = probe.trainer.vllm_generation.vllm_client
+        self.generate = generate = client.generate
+
+        def recorded(prompts, **kwargs):
+            out = generate(prompts=prompts, **kwargs)
+            self.requests.append({"mode": probe._mode, "kwargs": kwargs, "sent": [list(p) for p in prompts],
+                                  "returned": [list(p) for p in out["prompt_ids"]],
+                                  "completions": [list(c) for c in out["completion_ids"]]})
+            return out
+
+        client.generate = recorded
+
+
 # ---------------------------------------------------------------------------------------------------------- checks
 class Report:
     def __init__(self, mode: str):
@@ -183,16 +208,90 @@ def rollout_checks(report: Report, probe: Probe) -> None:
                      f"{first:.4f}")
 
 
-def eval_check(report: Report, trainer, probe: Probe, prefix: str) -> None:
+def eval_check(report: Report, trainer, probe: Probe, prefix: str, recorder: ServerRecorder | None = None) -> None:
+    start = len(recorder.requests) if recorder is not None else 0
     first = trainer.evaluate(metric_key_prefix=f"{prefix}1")
+    middle = len(recorder.requests) if recorder is not None else 0
     second = trainer.evaluate(metric_key_prefix=f"{prefix}2")
     a, b = first[f"{prefix}1_success_rate"], second[f"{prefix}2_success_rate"]
     c1, c2 = probe.eval_completions[-2:]
     same_text = c1 == c2
+    why = ""
+    if recorder is not None and not same_text:
+        why = "; " + greedy_diagnosis(recorder, start, middle, middle - start)
     report.check("greedy evaluation twice gives the same success", a == b and same_text,
                  f"{a:.3f} and {b:.3f} over {int(first[f'{prefix}1_num_tasks'])} tasks "
                  f"({first[f'{prefix}1_runtime']:.1f} s, {second[f'{prefix}2_runtime']:.1f} s); the same "
-                 f"completion tokens in all {len(c1)} rows: {same_text}")
+                 f"completion tokens in all {len(c1)} rows: {same_text}{why}")
+
+
+def pairing_check(report: Report, recorder: ServerRecorder, batches: list) -> None:
+    """Server mode: the server returns the prompt ids it was sent, row by row, one completion each; each collected
+    row (``batches``: the rollouts' ``RolloutBatch``, in request order) holds the prompt sent and the completion
+    returned at its position (rows are in (turn, environment) order, one request per turn, no failed episode)."""
+    reqs = recorder.requests
+    rows_sent = sum(len(r["sent"]) for r in reqs)
+    same_ids = sum(a == b for r in reqs for a, b in zip(r["sent"], r["returned"]))
+    counts = all(len(r["returned"]) == len(r["completions"]) == len(r["sent"]) for r in reqs)
+    report.check("server returns each request's prompt ids row by row, one completion each",
+                 bool(reqs) and counts and same_ids == rows_sent,
+                 f"{len(reqs)} requests, {rows_sent} prompts sent, {same_ids} returned prompt ids equal to the ids "
+                 f"sent at their position; one completion per prompt: {counts}")
+    i, paired, total = 0, 0, 0
+    for batch in batches:
+        n = max((r.turn for r in batch.rows), default=-1) + 1
+        sent = [p for r in reqs[i:i + n] for p in r["sent"]]
+        done = [c for r in reqs[i:i + n] for c in r["completions"]]
+        total += len(batch.rows)
+        paired += sum(row.prompt_ids == p and row.completion_ids == c for row, p, c in zip(batch.rows, sent, done))
+        i += n
+    report.check("every rollout row holds its own prompt's completion",
+                 total > 0 and paired == total and i == len(reqs),
+                 f"{paired} of {total} rows over {len(batches)} rollouts ({i} of {len(reqs)} requests)")
+
+
+def sampling_check(report: Report, recorder: ServerRecorder, args) -> None:
+    """The sampling settings sent per request: training at the configured temperature / top-p / top-k with the
+    configured ``generation_kwargs``, evaluation at ``eval_temperature`` (greedy: no sampling key in
+    ``generation_kwargs``); ``n=1`` everywhere."""
+    from gigpo_trl.vllm_glue import eval_generation_kwargs
+
+    seen = {}
+    ok = bool(recorder.requests)
+    for r in recorder.requests:
+        kw = r["kwargs"]
+        temperature = args.temperature if r["mode"] == "train" else args.eval_temperature
+        extra = dict(args.generation_kwargs or {})
+        if r["mode"] == "eval":
+            extra = eval_generation_kwargs(extra, temperature)
+        ok &= (kw["n"] == 1 and kw["temperature"] == temperature and kw["top_p"] == args.top_p
+               and kw["top_k"] == args.top_k and kw["max_tokens"] == args.max_completion_length
+               and kw["generation_kwargs"] == extra)
+        seen.setdefault(r["mode"], set()).add((kw["n"], kw["temperature"], kw["top_p"], kw["top_k"],
+                                               repr(kw["generation_kwargs"])))
+    figures = "; ".join(f"{mode}: " + ", ".join(f"n={n} temperature={t} top_p={p} top_k={k} generation_kwargs={g}"
+                                                for n, t, p, k, g in sorted(v)) for mode, v in seen.items())
+    report.check("sampling sent: configured in training, eval_temperature with no override in evaluation", ok,
+                 figures)
+
+
+def greedy_diagnosis(recorder: ServerRecorder, first: int, second: int, turns: int) -> str:
+    """Where two evaluations' requests (``recorder.requests[first:first+turns]`` and ``[second:second+turns]``)
+    first differ, and whether the server gives the same completions to that turn's prompts sent again."""
+    a, b = recorder.requests[first:first + turns], recorder.requests[second:second + turns]
+    for t, (x, y) in enumerate(zip(a, b)):
+        if x["sent"] != y["sent"]:
+            return f"turn {t}: different prompts sent (an earlier completion differed?)"
+        rows = [j for j, (c, d) in enumerate(zip(x["completions"], y["completions"])) if c != d]
+        if rows:
+            again = recorder.generate(prompts=x["sent"], **x["kwargs"])["completion_ids"]
+            alone = [recorder.generate(prompts=[p], **x["kwargs"])["completion_ids"][0] for p in x["sent"]]
+            same_again = sum(map(list.__eq__, again, x["completions"]))
+            same_alone = sum(map(list.__eq__, alone, x["completions"]))
+            return (f"turn {t}: the same prompts and settings sent, completions differ in rows {rows}; the same "
+                    f"request sent again matches the first evaluation in {same_again} of {len(x['sent'])} rows, "
+                    f"each prompt sent alone in {same_alone}")
+    return "no difference in the requests"
 
 
 def sync_checks(report: Report, probe: Probe, train_steps: int) -> None:
@@ -326,6 +425,7 @@ def run_server(argv: list[str]) -> int:
     report.check("weight sync refusal is one message at init", None if message is None else True,
                  "no refusal (CUDA: TRL's NCCL weight sync is in use)" if message is None else message)
     probe = Probe(trainer)
+    recorder = ServerRecorder(probe)
     if message is not None:
         try:
             trainer.train()
@@ -351,7 +451,9 @@ def run_server(argv: list[str]) -> int:
                  f"not applicable without weight sync; server {v:.4f} vs trainer {t:.4f} on the same "
                  f"{len(probe.completion_ids)} tokens")
     trainer.model.eval()
-    eval_check(report, trainer, probe, "eval_greedy")
+    eval_check(report, trainer, probe, "eval_greedy", recorder)
+    pairing_check(report, recorder, probe.batches[:3])  # the rollout and the two evaluations
+    sampling_check(report, recorder, args)
     return 1 if report.failed else 0
 
 

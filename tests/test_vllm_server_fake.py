@@ -1,0 +1,172 @@
+"""vLLM server mode without a server: TRL's real ``VLLMGeneration`` and ``VLLMClient.generate`` run, and only the
+HTTP exchange is faked (:class:`RecordingVLLMClient`). Pins what GiGPO sends per generate call (every argument of
+``VLLMClient.generate`` and the request body the server would receive), for a training rollout and for an
+evaluation, and that each row gets the completion returned for its own prompt (also among prompts of equal text).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from unittest import mock
+
+import datasets
+import pytest
+from test_trainer import make_args
+from toy_env import CorridorEnv
+from trl.generation.vllm_client import VLLMClient
+
+from gigpo_trl import GiGPOTrainer
+
+MOVES = ("left", "right")
+
+
+class RecordingVLLMClient(VLLMClient):
+    """TRL's ``VLLMClient`` with its HTTP exchange replaced: ``generate`` (TRL's own) records its arguments in
+    ``calls`` and the request body in ``payloads``; the fake server answers the k-th occurrence of a prompt within
+    one request with :meth:`answer` (prompt, k): a completion derived from the prompt's token ids, which also differs
+    between equal prompts so that a swap between them shows."""
+
+    tokenizer = None  # set by the test
+
+    def __init__(self, base_url=None, group_port=51216, connection_timeout=0.0, **_):
+        self.base_url, self.group_port, self.model = base_url, group_port, "fake-server-model"
+        self.communicator = None
+        self.calls: list[dict] = []
+        self.payloads: list[dict] = []
+
+    def get_server_info(self) -> dict:
+        return {"model_config": {"logprobs_mode": "processed_logprobs", "max_model_len": 1024}}
+
+    def generate(self, prompts, **kwargs):
+        self.calls.append({"prompts": [list(p) for p in prompts], **kwargs})
+        return super().generate(prompts, **kwargs)
+
+    @classmethod
+    def answer(cls, prompt_ids: list[int], k: int) -> tuple[list[int], list[float]]:
+        """(completion token ids, their log-probs) for the k-th copy of ``prompt_ids`` in one request."""
+        digest = int(hashlib.sha256(repr((list(prompt_ids), k)).encode()).hexdigest(), 16)
+        text = f"<think>{digest % 10} {len(prompt_ids) % 10}</think><action>{MOVES[(digest >> 8) % 2]}</action>"
+        ids = cls.tokenizer.encode(text, add_special_tokens=False) + [cls.tokenizer.eos_token_id]
+        return ids, [-0.01 * (1 + (digest >> (4 * j)) % 50) for j in range(len(ids))]
+
+    def _post(self, url, json=None, **kwargs):
+        assert url.endswith("/v1/completions"), url
+        self.payloads.append(json)
+        choices, seen = [], {}
+        for prompt in json["prompt"]:
+            for _ in range(json["n"]):
+                k = seen[tuple(prompt)] = seen.get(tuple(prompt), -1) + 1
+                ids, logps = self.answer(prompt, k)
+                tokens = [f"token_id:{t}" for t in ids]
+                logprobs = {"tokens": tokens, "token_logprobs": logps, "top_logprobs": [None] * len(ids)}
+                choices.append({"prompt_token_ids": list(prompt), "token_ids": ids, "logprobs": logprobs})
+        return {"choices": choices}
+
+
+@pytest.fixture
+def server_trainer(tmp_path, tiny_model_dir, tiny_tokenizer):
+    RecordingVLLMClient.tokenizer = tiny_tokenizer
+    # every eval task twice: prompts of equal text, not adjacent, in one generate call
+    eval_tasks = datasets.Dataset.from_dict({"task": [5, 6, 5, 6], "seed": [101, 102, 101, 102]})
+    args = make_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url="http://fake:8000",
+                     num_generations=2, per_device_train_batch_size=4, steps_per_generation=1, max_turns=3,
+                     max_completion_length=24, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05,
+                     repetition_penalty=1.1,
+                     generation_kwargs={"temperature": 0.8, "seed": 7, "presence_penalty": 0.2},
+                     eval_temperature=0.0, per_device_eval_batch_size=4)
+    with mock.patch("trl.generation.vllm_generation.is_vllm_available", return_value=True), \
+         mock.patch("trl.generation.vllm_generation.VLLMClient", RecordingVLLMClient):
+        trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, processing_class=tiny_tokenizer,
+                               eval_dataset=eval_tasks)
+    rollouts = []
+    collect = trainer.collector.collect
+
+    def captured(*a, **kw):
+        rollouts.append(collect(*a, **kw))
+        return rollouts[-1]
+
+    trainer.collector.collect = captured
+    return trainer, trainer.vllm_generation.vllm_client, rollouts
+
+
+def _check_pairing(batch, calls):
+    """Rows of turn t, in environment order, are the prompts of call t in the order sent; each row's completion
+    and sampling log-probs are the fake's answer to its own prompt (the k-th copy among equal prompts)."""
+    turns = max(r.turn for r in batch.rows) + 1
+    assert len(calls) == turns
+    for t, call in enumerate(calls):
+        rows = sorted((r for r in batch.rows if r.turn == t), key=lambda r: r.trajectory_id)
+        assert [r.prompt_ids for r in rows] == call["prompts"]
+        seen: dict = {}
+        for r in rows:
+            k = seen[tuple(r.prompt_ids)] = seen.get(tuple(r.prompt_ids), -1) + 1
+            ids, logps = RecordingVLLMClient.answer(r.prompt_ids, k)
+            assert r.completion_ids == ids
+            assert r.sampling_logps == pytest.approx(logps)
+
+
+def test_server_mode_sends_each_prompt_once_with_its_sampling_and_pairs_rows(server_trainer):
+    trainer, client, rollouts = server_trainer
+    assert trainer._vllm_no_sync_message is not None  # CPU: no NCCL weight sync; generation goes through
+
+    # ---- training rollout: 2 groups x 2 copies of a task; the configured sampling, n=1, one prompt per env
+    trainer.model.train()
+    inputs = [{"task": 4, "seed": 1}, {"task": 4, "seed": 1}, {"task": 6, "seed": 3}, {"task": 6, "seed": 3}]
+    trainer._generate_and_score_completions(inputs)
+    (train_batch,) = rollouts
+    train_calls = list(client.calls)
+    assert train_calls[0]["prompts"][0] == train_calls[0]["prompts"][1]  # a group: equal prompts in one call
+    expected_train = dict(n=1, repetition_penalty=1.1, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05,
+                          max_tokens=24, logprobs=0, structured_outputs_regex=None, features=None,
+                          generation_kwargs={"temperature": 0.8, "seed": 7, "presence_penalty": 0.2})
+    for call in train_calls:
+        assert {k: v for k, v in call.items() if k != "prompts"} == expected_train
+    assert [len(c["prompts"]) for c in train_calls][0] == 4
+    # the request body: generation_kwargs override the explicit arguments (TRL's VLLMClient), as configured
+    body = {k: v for k, v in client.payloads[0].items() if k != "prompt"}
+    assert body == {"model": "fake-server-model", "return_token_ids": True, "return_tokens_as_token_ids": True,
+                    "n": 1, "repetition_penalty": 1.1, "temperature": 0.8, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+                    "max_tokens": 24, "logprobs": 0, "seed": 7, "presence_penalty": 0.2}
+    _check_pairing(train_batch, train_calls)
+    assert any(len({tuple(p) for p in c["prompts"]}) == len(c["prompts"]) for c in train_calls[1:])  # diverged
+
+    # ---- evaluation at eval_temperature=0: greedy, no sampling override from generation_kwargs, n=1
+    client.calls.clear()
+    client.payloads.clear()
+    trainer.evaluate()
+    eval_batch = rollouts[1]
+    eval_calls = list(client.calls)
+    first = eval_calls[0]["prompts"]
+    assert len(first) == 4 and first[0] == first[2] and first[1] == first[3] and first[0] != first[1]
+    expected_eval = dict(expected_train, temperature=0.0, generation_kwargs={"presence_penalty": 0.2})
+    for call, payload in zip(eval_calls, client.payloads, strict=True):
+        assert {k: v for k, v in call.items() if k != "prompts"} == expected_eval
+        assert payload["temperature"] == 0.0 and payload["n"] == 1 and "seed" not in payload
+    _check_pairing(eval_batch, eval_calls)
+
+    # ---- the training settings are back after evaluate()
+    client.calls.clear()
+    trainer.model.train()
+    trainer._generate_and_score_completions(inputs)
+    assert {k: v for k, v in client.calls[0].items() if k != "prompts"} == expected_train
+    _check_pairing(rollouts[2], client.calls)
+
+
+def test_more_than_one_completion_per_prompt_is_refused(tmp_path):
+    from gigpo_trl import vllm_glue
+
+    args = make_args(tmp_path, use_vllm=True, vllm_mode="server", generation_kwargs={"n": 2, "seed": 1})
+    with pytest.raises(ValueError, match=r"generation_kwargs=\{'n': 2\} with use_vllm=True"):
+        vllm_glue.check_vllm_args(args)
+    vllm_glue.check_vllm_args(make_args(tmp_path, use_vllm=True, generation_kwargs={"n": 1}))
+    vllm_glue.check_vllm_args(make_args(tmp_path, use_vllm=False, generation_kwargs={"n": 2}))  # vLLM only
+
+
+def test_eval_generation_kwargs_leave_out_what_overrides_the_evaluation():
+    from gigpo_trl.vllm_glue import eval_generation_kwargs
+
+    configured = {"temperature": 0.9, "top_p": 0.8, "top_k": 5, "min_p": 0.1, "seed": 3, "presence_penalty": 0.5}
+    assert eval_generation_kwargs(configured, 0.0) == {"presence_penalty": 0.5}
+    assert eval_generation_kwargs(configured, 0.4) == {"top_p": 0.8, "top_k": 5, "min_p": 0.1, "seed": 3,
+                                                       "presence_penalty": 0.5}
+    assert configured["temperature"] == 0.9  # a new dict
