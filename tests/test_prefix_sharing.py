@@ -41,6 +41,18 @@ def test_plan_caps_prefix_below_prompt_and_counts_tokens():
     assert nothing.saved_tokens() == 0
 
 
+def test_pack_rows_shared_counts_a_prefix_once():
+    from gigpo_trl.microbatch import pack_rows, pack_rows_shared
+
+    head = list(range(10, 20))
+    prompts = [head + [k, 1] for k in range(4)]  # one group, prefix 10, tails of 2
+    assert pack_rows_shared(prompts, [3] * 4, 30) == [[0, 1, 2, 3]]  # 10 + 4 × (2 + 3)
+    assert pack_rows_shared(prompts, [3] * 4, 29) == [[0, 1, 2], [3]]
+    assert pack_rows([12] * 4, [3] * 4, 30) == [[0, 1], [2, 3]]  # unshared: 15 per row
+    other = [[7, 7, 7, 7, 7]]  # a row sharing nothing goes with its whole prompt as tail
+    assert pack_rows_shared(prompts + other, [3] * 5, 10 + 5 * (5 + 3)) == [[0, 1, 2, 3, 4]]
+
+
 def test_prompts_from_batch_reads_left_padded_prompts():
     ids = torch.tensor([[0, 0, 5, 6, 7, 0], [4, 5, 6, 7, 8, 9]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
@@ -185,3 +197,165 @@ def test_unsupported_attention_is_named(tiny_tokenizer):
     model.config._attn_implementation = "sdpa"
     model.config.layer_types = ["full_attention", "sliding_attention"]
     assert "sliding_attention" in unsupported_reason(model)
+
+
+# ---------------------------------------------------------------------------------------------- through the trainer
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    from test_trainer import make_args
+    from toy_env import NoisyCorridorEnv
+
+    from gigpo_trl import GiGPOTrainer
+
+    args = make_args(tmp_path_factory.mktemp("prefix"), beta=0.04, max_tokens_per_microbatch=None)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; these tests call the loss directly
+    return trainer
+
+
+@pytest.fixture()
+def spy(monkeypatch):
+    """Counts the shared-prefix forwards the trainer runs."""
+    import gigpo_trl.token_budget as tb
+
+    calls = []
+    real = tb.shared_prefix_logps
+    monkeypatch.setattr(tb, "shared_prefix_logps", lambda *a, **k: calls.append(a[1].size(0)) or real(*a, **k))
+    return calls
+
+
+def _batch(trainer, tokenizer):
+    """TRL's batch dict of the 7 rows of :func:`_rows` + one zero-mask filler row, with fixed advantages."""
+    ids, mask = _rows(tokenizer)
+    ids = torch.cat([ids, ids[:1]]); mask = torch.cat([mask, mask[:1]])  # noqa: E702
+    mask[-1, -C:] = 0  # filler: no loss tokens
+    mask[-1, -C] = 0
+    g = torch.Generator().manual_seed(3)
+    n = ids.size(0)
+    return {
+        "prompt_ids": ids[:, :-C], "prompt_mask": mask[:, :-C], "completion_ids": ids[:, -C:],
+        "completion_mask": mask[:, -C:], "advantages": torch.randn(n, generator=g) * torch.tensor([1.0] * 7 + [0.0]),
+        "num_items_in_batch": mask[:, -C:].sum(), "real_row_mask": torch.tensor([1] * 7 + [0]),
+    }
+
+
+def _with_sharing(trainer, on: bool, budget):
+    trainer.args.share_prompt_prefix = on
+    trainer.args.max_tokens_per_microbatch = budget
+
+
+@pytest.mark.parametrize("budget", [None, 150])
+def test_scoring_old_and_ref_logps_equal_unshared(trainer, tiny_tokenizer, spy, budget):
+    b = _batch(trainer, tiny_tokenizer)
+    out = {}
+    try:
+        for on in (False, True):
+            _with_sharing(trainer, on, budget)
+            trainer.model.train()
+            out[on] = trainer._score_logps(b["prompt_ids"], b["prompt_mask"], b["completion_ids"],
+                                           b["completion_mask"], [None] * 8, "train", real_rows=7)
+    finally:
+        _with_sharing(trainer, True, None)
+    assert "ref_per_token_logps" in out[True] and out[True].keys() == out[False].keys()
+    assert spy, "the shared-prefix forward was not used"
+    m = b["completion_mask"][:7].bool()
+    for key in out[True]:
+        a, s = out[False][key][:7], out[True][key][:7]
+        assert ((a - s)[m].abs() / a[m].abs()).max() < 1e-5, key
+
+
+@pytest.mark.parametrize("budget", [None, 150])
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo"])
+def test_loss_and_gradient_equal_unshared(trainer, tiny_tokenizer, spy, loss_type, budget):
+    """GiGPO's loss (TRL's ``_compute_loss`` per loss type, in token-budget sub-batches or not), with reference
+    log-probs (KL, beta 0.04) and old log-probs off the current policy: the same value and gradient with and
+    without shared prefixes."""
+    from gigpo_trl import GiGPOTrainer
+
+    b = _batch(trainer, tiny_tokenizer)
+    g = torch.Generator().manual_seed(4)
+    b["old_per_token_logps"] = -torch.rand(8, C, generator=g) * 3
+    b["ref_per_token_logps"] = -torch.rand(8, C, generator=g) * 3
+    saved = trainer.loss_type, trainer.importance_sampling_level
+    trainer.loss_type = loss_type
+    trainer.importance_sampling_level = "sequence" if loss_type == "luspo" else "token"
+    results = {}
+    try:
+        for on in (False, True):
+            _with_sharing(trainer, on, budget)
+            trainer.model.train()
+            trainer.model.zero_grad()
+            loss = GiGPOTrainer.compute_loss(trainer, trainer.model, b)
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+            results[on] = (float(loss.detach()), grads)
+    finally:
+        trainer.loss_type, trainer.importance_sampling_level = saved
+        _with_sharing(trainer, True, None)
+    assert spy, "the shared-prefix forward was not used"
+    (l0, g0), (l1, g1) = results[False], results[True]
+    assert l0 != 0.0 and l1 == pytest.approx(l0, rel=1e-5, abs=1e-7)
+    assert g0.keys() == g1.keys() and len(g0) > 0
+    worst = max(((g0[n] - g1[n]).norm() / g0[n].norm().clamp(min=1e-12)).item() for n in g0)
+    assert worst < 1e-5, worst
+
+
+def test_unsupported_model_falls_back_with_one_warning(trainer, tiny_tokenizer, spy, caplog, monkeypatch):
+    import gigpo_trl.token_budget as tb
+
+    b = _batch(trainer, tiny_tokenizer)
+    monkeypatch.setattr(tb, "unsupported_reason", lambda model: "attention implementation 'flash_attention_2'")
+    trainer.__dict__.pop("_prefix_sharing_checked", None)
+    trainer.__dict__.pop("_prefix_sharing_warned", None)
+    try:
+        with caplog.at_level("WARNING", logger="gigpo_trl.token_budget"):
+            for _ in range(2):  # policy and reference model, twice
+                trainer._score_logps(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
+                                     [None] * 8, "train", real_rows=7)
+    finally:
+        trainer.__dict__.pop("_prefix_sharing_checked", None)
+    assert not spy
+    warned = [r for r in caplog.records if "share_prompt_prefix" in r.getMessage()]
+    assert len(warned) == 1 and "flash_attention_2" in warned[0].getMessage()
+
+
+def test_rollout_rows_budgeted_shared_equals_unsplit_unshared(trainer, tiny_tokenizer, spy):
+    """Real rollout rows (8 corridor episodes of <= 4 turns, 2 tasks): the budgeted loss with shared prefixes has the
+    gradient of one unshared forward, and its forwards hold fewer padded tokens than the unshared sub-batches."""
+    from test_trainer import capture_rollouts
+
+    from gigpo_trl import GiGPOTrainer
+
+    batches = capture_rollouts(trainer)
+    try:
+        _with_sharing(trainer, False, None)
+        trainer._generate_and_score_completions([{"task": 4, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)
+    finally:
+        del trainer.collector.collect
+    rows = batches[0].rows
+    g = torch.Generator().manual_seed(0)
+    batch = trainer._rows_to_batch(rows, torch.randn(len(rows), generator=g).numpy(), [len(rows)], "train")
+    widest = max(int(m.sum()) for m in batch["prompt_mask"]) + batch["completion_ids"].size(1)
+    results = {}
+    try:
+        for on, budget in ((False, None), (False, 3 * widest), (True, 3 * widest)):
+            _with_sharing(trainer, on, budget)
+            trainer.model.train()
+            trainer.model.zero_grad()
+            tokens = []
+            hook = trainer.model.register_forward_pre_hook(
+                lambda m, a, kw: tokens.append(kw["input_ids"].numel()), with_kwargs=True)
+            try:
+                loss = GiGPOTrainer.compute_loss(trainer, trainer.model, batch)
+                loss.backward()
+            finally:
+                hook.remove()
+            grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+            results[(on, budget)] = (float(loss.detach()), grad, sum(tokens))
+    finally:
+        _with_sharing(trainer, True, None)
+    assert spy
+    (l0, g0, t0), (_, _, t_split), (l1, g1, t_shared) = results.values()
+    assert l1 == pytest.approx(l0, rel=1e-4, abs=1e-7)
+    assert float((g1 - g0).norm() / g0.norm()) < 1e-4
+    assert t_shared < t_split < t0
