@@ -133,6 +133,14 @@ class GiGPOConfig(GRPOConfig):
             with the episode length. `None`: one forward per micro-batch, as in TRL. Not combinable with
             `top_entropy_quantile < 1`, an entropy bonus (`entropy_coef`, `use_adaptive_entropy`) or the LOMO
             optimizers, whose terms are not sums over rows.
+        share_prompt_prefix (`bool`, *optional*, defaults to `True`):
+            Compute the token prefix that rows of one forward share (system prompt, task text, common history)
+            once per forward, for the loss and the old/reference log-prob passes: a prefix pass with a key/value
+            cache, then each row's remaining tokens attending to it (:mod:`gigpo_trl.prefix_sharing`). Exact: the
+            log-probs and the gradient equal the unshared forward's up to float rounding. The token budget then
+            counts a shared prefix once. A model whose attention cannot do it (not eager/SDPA, sliding-window or
+            linear-attention layers, multimodal), reentrant gradient checkpointing or an MoE aux loss run the
+            unshared forward, with one warning.
 
         > Parameters whose default differs from [`~trl.GRPOConfig`]
 
@@ -267,6 +275,11 @@ class GiGPOConfig(GRPOConfig):
         default=16384,
         metadata={"help": "Most padded tokens (rows x (prompt + completion width)) in one forward/backward; rows of a "
                           "micro-batch are packed into sub-batches under it. None: one forward per micro-batch."},
+    )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Compute the token prefix that rows of a forward share (system prompt, task, common "
+                          "history) once, for the loss and the old/ref log-probs; exact. False: every row whole."},
     )
     # Changed defaults: dropout off, so that the sampled policy is the one that is scored and trained.
     disable_dropout: bool = field(

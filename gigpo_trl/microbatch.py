@@ -13,6 +13,10 @@ forward/backward per sub-batch. This module holds the pure part (lengths → ind
 Trimming is exact for the loss: prompts are left-padded, so dropping leading pad columns removes only masked
 positions (the positions of the kept tokens shift uniformly, which rotary attention does not see); completions
 are right-padded, and a causal model's outputs at kept positions do not depend on later columns.
+
+With shared prefixes (:mod:`gigpo_trl.prefix_sharing`) a forward computes the prefix its rows share once, so the
+packer counts a sub-batch as ``groups × longest prefix + rows × (longest remaining prompt + longest completion)``
+(:func:`pack_rows_shared`) and keeps the rows of a prefix group together.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from .prefix_sharing import plan_prefix_groups
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
@@ -80,6 +86,60 @@ def pack_rows(
     return [sorted(b) for b in bins]
 
 
+def pack_rows_shared(
+    prompts: Sequence[Sequence[int]],
+    completion_lengths: Sequence[int],
+    max_tokens: int,
+    pad_to_multiple_of: int | None = None,
+) -> list[list[int]]:
+    """:func:`pack_rows` for forwards that share prompt prefixes: the padded size of a sub-batch S is
+
+        (prefix groups in S) × (longest prefix) + len(S) × (padded(longest prompt tail) + padded(longest completion))
+
+    with each row's prefix group and length from :func:`~gigpo_trl.prefix_sharing.plan_prefix_groups` over all
+    rows (its tail: the prompt after the prefix; a row without a group: its whole prompt). The forward re-plans its
+    own rows, which can only find prefixes at least as long, so this is the budget's estimate of that forward.
+    Rows are placed group by group (largest group footprint first, then longest row first), each into the first
+    sub-batch it still fits; a row that alone exceeds the budget gets a sub-batch of its own.
+
+    Returns:
+        Sub-batches as ascending lists of row indices, every index of ``range(len(prompts))`` once.
+
+    Raises:
+        ValueError: ``max_tokens < 1`` or inputs of different lengths.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(prompts) != len(completion_lengths):
+        raise ValueError(f"prompts ({len(prompts)}) and completion_lengths ({len(completion_lengths)}) differ in length")
+    n = len(prompts)
+    c = [padded(max(1, int(x)), pad_to_multiple_of) for x in completion_lengths]
+    plan = plan_prefix_groups(prompts, max(c, default=1))
+    group = [g if g >= 0 else -1 - i for i, g in enumerate(plan.group_of_row)]  # a row alone: its own key
+    prefix = [plan.prefix_of_row(i) for i in range(n)]
+    tail = [max(1, len(prompts[i]) - prefix[i]) for i in range(n)]
+    footprint: dict[int, int] = {}
+    for i in range(n):
+        footprint[group[i]] = footprint.get(group[i], 0) + prefix[i] + tail[i] + c[i]
+    order = sorted(range(n), key=lambda i: (-footprint[group[i]], group[i], -(prefix[i] + tail[i] + c[i]), i))
+
+    def cost(rows: list[int]) -> int:
+        groups = {group[r] for r in rows if group[r] >= 0}
+        longest = max((prefix[r] for r in rows if group[r] >= 0), default=0)
+        return len(groups) * longest + len(rows) * (padded(max(tail[r] for r in rows), pad_to_multiple_of)
+                                                    + max(c[r] for r in rows))
+
+    bins: list[list[int]] = []
+    for i in order:
+        for b in bins:
+            if cost(b + [i]) <= max_tokens:
+                b.append(i)
+                break
+        else:
+            bins.append([i])
+    return [sorted(b) for b in bins]
+
+
 def row_lengths(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list[int], list[int]]:
     """Per-row prompt length (real tokens of a left-padded ``(B, P)`` mask) and completion extent (one past the
     last masked-in position of a right-padded ``(B, C)`` mask; 0 for an all-zero row): what must be kept."""
@@ -132,13 +192,15 @@ def scoring_sub_batches(
     max_tokens: int,
     pad_to_multiple_of: int | None = None,
     filler_rows: Sequence[int] = (),
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> list[tuple[list[int], int, int]]:
     """Forwards of a no-grad scoring pass (old / reference log-probs) under a padded-token budget.
 
     Rollout rows are packed by :func:`pack_rows` at the batch's full ``completion_width`` (a training sub-batch of
     another width reads the scored values at masked positions too, so every column gets a real value) and their
     longest prompt; ``filler_rows`` (zero-mask rows that pad a rank, never trained on past their first column) are
-    scored at one prompt and one completion token, ``max_tokens // 2`` of them per forward.
+    scored at one prompt and one completion token, ``max_tokens // 2`` of them per forward. With ``prompts`` (each
+    row's prompt tokens) the rollout rows are packed by :func:`pack_rows_shared` (shared prefixes counted once).
 
     Returns:
         ``[(rows, prompt width, completion width)]``: every row index in ``range(len(prompt_lengths))`` once.
@@ -148,8 +210,13 @@ def scoring_sub_batches(
     real = [i for i in range(len(prompt_lengths)) if i not in skip]
     widths = [completion_width] * len(prompt_lengths)
     out = []
-    for packed in pack_rows([prompt_lengths[i] for i in real], [completion_width] * len(real), max_tokens,
-                            pad_to_multiple_of):
+    if prompts is None:
+        packs = pack_rows([prompt_lengths[i] for i in real], [completion_width] * len(real), max_tokens,
+                          pad_to_multiple_of)
+    else:
+        packs = pack_rows_shared([prompts[i] for i in real], [completion_width] * len(real), max_tokens,
+                                 pad_to_multiple_of)
+    for packed in packs:
         rows = [real[j] for j in packed]
         out.append((rows, sub_batch_widths(prompt_lengths, widths, rows, pad_to_multiple_of)[0], completion_width))
     per = max(1, max_tokens // 2)

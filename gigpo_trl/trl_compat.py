@@ -29,6 +29,8 @@ TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_for
 ``GRPOTrainer._generate_single_turn(ids, images, mm, n)``    call      ``test_generate_single_turn``
 ``GRPOTrainer._tokenize_prompts(prompts)``                   call      ``test_tokenize_prompts``
 ``GRPOTrainer._get_per_token_logps_and_entropies(...)``      call      ``test_per_token_logps``
+``GRPOTrainer._get_per_token_logps_and_entropies(...)``      hook      ``test_per_token_logps_hook``
+``GradientCheckpointingLayer._can_checkpoint_with_cache``    write     ``test_cache_under_checkpointing``
 ``GRPOTrainer._compute_loss(model, inputs)`` normalisers     mirror    ``test_sub_batch_scale_matches_compute_loss``
 ``GRPOTrainer._compute_loss`` loss types                     mirror    ``test_compute_loss_loss_types_known``
 ``GRPOTrainer._compute_loss`` gathers per-row clip values    patch     ``test_compute_loss_gathers_per_row``
@@ -69,6 +71,7 @@ OVERRIDDEN_HOOKS = (
     "_push_from_checkpoint",  # Trainer._save_checkpoint with push_to_hub: uploads the folder, args included
     "_load_optimizer_and_scheduler",  # Trainer._inner_training_loop on resume, after the weights
     "_prepare_inputs",  # Trainer.training_step, once per micro-step: GRPOTrainer's generates / buffers / slices
+    "_get_per_token_logps_and_entropies",  # _compute_loss and scoring: every forward over rows (shared prefixes)
 )
 
 
@@ -210,6 +213,31 @@ def install_position_ids_pre_hook(backbone, positions_fn) -> None:
         return args, kwargs
 
     backbone._gigpo_mask_positions = backbone.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def cache_under_checkpointing(model):
+    """Context manager: the decoder layers of ``model`` keep a passed ``past_key_values`` under gradient
+    checkpointing (else ``GradientCheckpointingLayer.__call__`` drops it in training). Only for caches whose
+    ``update`` stores nothing a checkpoint replay could change (:mod:`gigpo_trl.prefix_sharing`). Relies on
+    transformers 5's ``GradientCheckpointingLayer._can_checkpoint_with_cache`` class flag (an instance attribute
+    shadows it; removed on exit)."""
+    import contextlib
+
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    @contextlib.contextmanager
+    def context():
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
+                  and "_can_checkpoint_with_cache" not in vars(m)]
+        for m in layers:
+            m._can_checkpoint_with_cache = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                del m._can_checkpoint_with_cache
+
+    return context()
 
 
 # ---------------------------------------------------------------- TRL / Trainer: checkpoint and resume

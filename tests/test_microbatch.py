@@ -93,9 +93,11 @@ def test_config_validates_the_budget():
 # ---------------------------------------------------------------------------------------------- trainer glue
 @pytest.fixture(scope="module")
 def trainer_and_rows(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
-    """One trainer (budget off) and one rollout's rows: 8 trajectories of <= 4 turns, prompts of varied length."""
+    """One trainer (budget off, unshared forwards: tests/test_prefix_sharing.py covers shared prefixes) and one
+    rollout's rows: 8 trajectories of <= 4 turns, prompts of varied length."""
     tmp = tmp_path_factory.mktemp("mb")
-    args = make_args(tmp, max_tokens_per_microbatch=None, steps_per_generation=1, max_turns=4)
+    args = make_args(tmp, max_tokens_per_microbatch=None, steps_per_generation=1, max_turns=4,
+                     share_prompt_prefix=False)
     trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
     batches = capture_rollouts(trainer)
     trainer.model.train()
@@ -221,7 +223,7 @@ def test_one_sgd_step_same_update_with_budget(tmp_path, tiny_model_dir, tiny_tok
     def run(budget, loss_type):
         args = make_args(tmp_path / f"{budget}-{loss_type}", max_tokens_per_microbatch=budget, optim="sgd",
                          learning_rate=0.5, steps_per_generation=2, gradient_accumulation_steps=2,
-                         loss_type=loss_type, max_grad_norm=0.0)
+                         loss_type=loss_type, max_grad_norm=0.0, share_prompt_prefix=False)  # one forward per sub-batch
         trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
         calls = []
 

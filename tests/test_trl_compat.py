@@ -174,6 +174,37 @@ def test_per_token_logps(trainer):
         torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_per_token_logps_hook():
+    """``TokenBudgetMixin._get_per_token_logps_and_entropies`` overrides TRL's forward over rows (shared prompt
+    prefixes), which ``_compute_loss`` calls for the loss and ``_generate_and_score_completions`` for old/ref
+    log-probs, with TRL's leading parameters and its ``(logps, entropies, aux_loss)`` return."""
+    assert "_get_per_token_logps_and_entropies" in trl_compat.OVERRIDDEN_HOOKS
+    with contract("GRPOTrainer._get_per_token_logps_and_entropies (hook)"):
+        assert "self._get_per_token_logps_and_entropies(" in source(GRPOTrainer._compute_loss)
+        assert "self._get_per_token_logps_and_entropies(" in source(GRPOTrainer._generate_and_score_completions)
+        ours = params(GiGPOTrainer._get_per_token_logps_and_entropies)
+        assert params(GRPOTrainer._get_per_token_logps_and_entropies)[:7] == ours[:7] == [
+            "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"]
+        assert "return logps, entropies, aux_loss" in source(GRPOTrainer._get_per_token_logps_and_entropies)
+
+
+def test_cache_under_checkpointing(tiny_tokenizer):
+    """transformers drops ``past_key_values`` in a checkpointed layer unless the layer's
+    ``_can_checkpoint_with_cache`` is true; ``cache_under_checkpointing`` sets it per layer and removes it after."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from gigpo_trl.models import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer)
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    with contract("GradientCheckpointingLayer._can_checkpoint_with_cache"):
+        assert "self._can_checkpoint_with_cache" in source(GradientCheckpointingLayer.__call__)
+        assert GradientCheckpointingLayer._can_checkpoint_with_cache is False and len(layers) == 2
+        with trl_compat.cache_under_checkpointing(model):
+            assert all(m._can_checkpoint_with_cache is True for m in layers)
+        assert all("_can_checkpoint_with_cache" not in vars(m) for m in layers)
+
+
 # ---------------------------------------------------------------------------------------------- _compute_loss
 def _loss_types_in_trl() -> set[str]:
     text = source(GRPOTrainer._compute_loss)
@@ -312,9 +343,11 @@ def test_forward_positions_from_mask(trainer):
         try:
             ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9], [5, 6, 7, 8, 9, 10, 11, 12]])
             mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8])
+            trainer.args.share_prompt_prefix = False  # TRL's own forward (the rows share a prefix token)
             with torch.no_grad():
                 trl_compat.per_token_logps(trainer, trainer.model, ids, mask, 3)
         finally:
+            trainer.args.share_prompt_prefix = True
             handle.remove()
         assert seen and seen[0].tolist() == [[0, 0, 0, 0, 1, 2, 3, 4], list(range(8))]
 

@@ -1,0 +1,116 @@
+"""Loss forward+backward over one iteration's per-turn rows, shared prefixes vs every row whole.
+
+Rows as GiGPO builds them for a tool environment: per task a system prompt with tool schemas (``--system`` tokens)
+and task text (``--task``), then per turn a history window of the last ``--history`` turns (``--turn`` tokens
+each) and the observation, and a completion of ``--completion`` tokens; ``--tasks`` × ``--rollouts`` episodes of
+``--calls`` + 1 turns. The model has SmolLM2-135M's shapes (hidden 576, 9 heads / 3 KV heads, MLP 1536, vocab
+49,152, random weights) with ``--layers`` layers (30 in the real model: the ratio does not depend on depth), fp32,
+LoRA r16 on the attention and MLP projections, gradient checkpointing, TRL's fused LM head. Both variants pack the
+rows into token-budget sub-batches (``--budget``) as the trainer does (``pack_rows`` / ``pack_rows_shared``) and
+run forward+backward of Σ log-prob per sub-batch. Prints per variant: seconds, padded tokens in the forwards, peak
+RSS growth, and the largest gradient difference.
+
+    python benchmarks/bench_prefix_sharing.py --calls 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+
+def rows(cli, vocab: int):
+    g = torch.Generator().manual_seed(0)
+    rand = lambda n: torch.randint(10, vocab, (n,), generator=g).tolist()  # noqa: E731
+    system = rand(cli.system)
+    prompts, completions = [], []
+    for _ in range(cli.tasks):
+        task = rand(cli.task)
+        for _ in range(cli.rollouts):
+            turns = [rand(cli.turn) for _ in range(cli.calls + 1)]
+            for t in range(cli.calls + 1):
+                window = [tok for past in turns[max(0, t - cli.history):t] for tok in past]
+                prompts.append(system + task + window + rand(cli.observation))
+                completions.append(rand(cli.completion))
+    return prompts, completions
+
+
+def batch(prompts, completions, rows_, pad: int):
+    w = max(len(prompts[i]) for i in rows_)
+    c = max(len(completions[i]) for i in rows_)
+    ids = torch.full((len(rows_), w + c), pad)
+    mask = torch.zeros_like(ids)
+    for k, i in enumerate(rows_):
+        p, q = prompts[i], completions[i]
+        ids[k, w - len(p):w], mask[k, w - len(p):w] = torch.tensor(p), 1
+        ids[k, w:w + len(q)], mask[k, w:w + len(q)] = torch.tensor(q), 1
+    return ids, mask, c
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("calls", 3), ("tasks", 2), ("rollouts", 2), ("system", 300), ("task", 60), ("turn", 70),
+                          ("observation", 40), ("completion", 40), ("history", 2), ("layers", 6),
+                          ("budget", 16384), ("repeats", 1)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    cli = parser.parse_args()
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from gigpo_trl.microbatch import pack_rows, pack_rows_shared
+    from gigpo_trl.prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps, unshared_logps
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=cli.layers,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         tie_word_embeddings=True, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.enable_input_require_grads()
+    model.train()
+    prompts, completions = rows(cli, config.vocab_size)
+    n = len(prompts)
+    print(f"rows {n}, real tokens {sum(map(len, prompts)) + sum(map(len, completions))}, calls {cli.calls}, "
+          f"layers {cli.layers}, budget {cli.budget}, load {os.getloadavg()[0]:.1f}")
+    results = {}
+    for variant in ("unshared", "shared") * cli.repeats:
+        if variant == "shared":
+            packs = pack_rows_shared(prompts, [len(c) for c in completions], cli.budget)
+        else:
+            packs = pack_rows([len(p) for p in prompts], [len(c) for c in completions], cli.budget)
+        model.zero_grad()
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        tokens = 0
+        t0 = time.perf_counter()
+        for sub in packs:
+            ids, mask, c = batch(prompts, completions, sub, 0)
+            if variant == "shared":
+                plan = plan_prefix_groups(prompts_from_batch(ids, mask, c), c)
+                logps, _ = shared_prefix_logps(model, ids, mask, c, plan, True)
+                tokens += plan.padded_tokens()
+            else:
+                logps, _ = unshared_logps(model, ids, mask, c, True)
+                tokens += ids.numel()
+            (logps * mask[:, -c:]).sum().backward()
+        seconds = time.perf_counter() - t0
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+        results[variant] = grad
+        diff = "" if "unshared" not in results or variant == "unshared" else \
+            f"  grad rel diff {float((grad - results['unshared']).norm() / results['unshared'].norm()):.2e}"
+        print(f"{variant:>9}: {seconds:7.1f} s  {len(packs)} sub-batches  {tokens} padded tokens  "
+              f"peak RSS +{rss:.0f} MB{diff}")
+
+
+if __name__ == "__main__":
+    main()
