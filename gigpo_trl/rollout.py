@@ -50,6 +50,8 @@ class StepRow:
     task_type: str | None = None
     completion_text: str = ""
     prompt_messages: list[dict] | None = None
+    observation: Any = None  # the observation the action was taken from (for rollout records)
+    action: str | None = None  # the parsed action sent to the environment
 
 
 def advantage_keys(rows: list[StepRow]) -> list[tuple]:
@@ -410,7 +412,7 @@ class RolloutCollector:
                 prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
                 trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
                 reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
-                completion_text=text, prompt_messages=messages,
+                completion_text=text, prompt_messages=messages, observation=st["observation"], action=parsed.action,
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)

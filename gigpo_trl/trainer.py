@@ -44,6 +44,7 @@ from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_
 from .dynamic_sampling import DynamicSamplingMixin
 from .generation import GenerationContextMixin
 from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
+from .records import RolloutRecorder
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (VLLMSamplingMixin, check_vllm_args, install_cpu_colocate_sync, install_out_of_place_lora_sync,
@@ -168,6 +169,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
                 "processing_class.chat_template (e.g. a ChatML template) or use an instruct model's tokenizer"
             )
         self.collector = self._make_collector(args)
+        self.rollout_recorder = RolloutRecorder(self)  # writes only with args.rollout_records
         check_first_prompt(self.collector, self.env_factories, train_dataset)
 
     def _make_collector(self, args: GiGPOConfig) -> RolloutCollector:
@@ -252,6 +254,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         t_adv = time.perf_counter() - t1
 
         output = self._rows_to_batch(rows, advantages, counts, mode)
+        self.rollout_recorder.record_iteration(batch, result, start, mode)
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
 
@@ -432,13 +435,15 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
         size = max(1, self.args.per_device_eval_batch_size)
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
-        local_trajectories = []
+        local_trajectories, local_rows = [], []
         with self._eval_sampling(), self._generation_params_gathered():
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
                                                trajectory_prefix=("eval", rank, c))
                 local_trajectories += batch.trajectories
+                local_rows += batch.rows
+        self.rollout_recorder.record_evaluation(metric_key_prefix, local_rows, local_trajectories)
         trajectories = gather_object(local_trajectories) if world > 1 else local_trajectories
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in episode_metrics(trajectories).items()}
         metrics[f"{metric_key_prefix}_num_tasks"] = float(len(trajectories))
