@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -42,16 +43,20 @@ _TRAIN_FILE = re.compile(r"iteration_(\d+)\.rank(\d+)\.jsonl\.gz$")
 #: ``return_to_go``: discounted return ``sum_k gamma^k r_{t+k}`` of the raw rewards (the estimator's step return
 #: subtracts the invalid-action penalty from it). ``A_E``, ``A_S``, ``A``, ``anchor_group``, ``anchor_group_size``:
 #: the trainer's estimator output for the row (``None`` in evaluation records); ``anchor_group`` labels the row's
-#: step group, unique within an iteration across all processes. ``success`` and ``episode_return`` describe the
-#: row's whole trajectory.
+#: step group, unique within an iteration across all processes. ``anchor_key`` / ``next_anchor_key``: a 16-hex-digit
+#: hash of the ``repr`` of the row's anchor state and of the anchor the action led to (``None`` where the collector
+#: records none): GraphGPO's transitions, without storing the anchors twice. ``success`` and ``episode_return``
+#: describe the row's whole trajectory.
 RECORD_FIELDS = ("split", "iteration", "global_step", "rank", "task", "task_type", "group", "trajectory", "turn",
                  "observation", "completion", "action", "action_valid", "reward", "done", "return_to_go", "A_E",
-                 "A_S", "A", "anchor_group", "anchor_group_size", "success", "episode_return")
+                 "A_S", "A", "anchor_group", "anchor_group_size", "anchor_key", "next_anchor_key", "success",
+                 "episode_return")
 
 #: The config fields written to ``settings.json``: what the report needs to recompute each estimator.
 SETTINGS_FIELDS = ("gamma", "step_advantage_weight", "advantage_mode", "invalid_action_penalty", "episode_stats",
                    "anchor_similarity_threshold", "step_grouping", "hierarchy_depth", "hierarchy_alpha",
-                   "hierarchy_base_group", "num_generations", "max_turns", "rollout_records_every")
+                   "hierarchy_base_group", "step_return", "graph_normalize_distance", "num_generations", "max_turns",
+                   "rollout_records_every")
 
 
 def records_dir(output_dir: str | os.PathLike) -> Path:
@@ -64,6 +69,14 @@ def _label(x: Any) -> str:
     if isinstance(x, tuple):
         return "/".join(_label(v) for v in x)
     return x if isinstance(x, str) else str(x)
+
+
+def anchor_key(anchor: Any) -> str | None:
+    """A short stable label of an anchor state: the first 16 hex digits of the BLAKE2b hash of its ``repr``
+    (``None`` for ``None``). Equal anchors (str, numbers, tuples of them) get equal keys."""
+    if anchor is None:
+        return None
+    return hashlib.blake2b(repr(anchor).encode("utf-8", "backslashreplace"), digest_size=8).hexdigest()
 
 
 def _text(x: Any) -> str | None:
@@ -109,6 +122,7 @@ def row_records(rows: Sequence, trajectories: Sequence, gamma: float, result: An
             A=a[i] if result is not None else None,
             anchor_group=int(ids[i]) if result is not None else None,
             anchor_group_size=int(sizes[i]) if result is not None else None,
+            anchor_key=anchor_key(r.anchor_state), next_anchor_key=anchor_key(getattr(r, "next_anchor_state", None)),
             success=bool(traj.won), episode_return=float(traj.episode_return),
         )
         out.append(rec)

@@ -14,7 +14,8 @@ checkpoint's) and its rollout records (:mod:`gigpo_trl.records`, written with ``
   by the first turn it is reached at), an edge per action (row) from its state to the next one, coloured by A_S,
   and an end node per trajectory marked success or failure. A switch above each graph recolours the same edges by
   each estimator's advantage, recomputed from the records with :func:`gigpo_trl.advantage.compute_gigpo_advantages`
-  and the run's settings (GRPO: ω = 0; GiGPO; HGPO: ``step_grouping="hierarchical"``). Clicking an edge or a node
+  and the run's settings (GRPO: ω = 0; GiGPO; HGPO: ``step_grouping="hierarchical"``; GraphGPO:
+  ``step_return="graph"``, where the estimator has it and the records hold next anchors). Clicking an edge or a node
   opens that trajectory's turn-by-turn transcript below the graph.
 
 Text from environments and from the model is data: it reaches the page only through :func:`html.escape` (in the
@@ -42,27 +43,46 @@ COLORSCALE = [[0.0, "rgb(178,24,43)"], [0.5, "rgb(170,170,170)"], [1.0, "rgb(33,
 
 
 # ---------------------------------------------------------------------------------------------------- estimators
-def _estimators() -> list[tuple[str, dict]]:
-    """``(label, keyword overrides of compute_gigpo_advantages, result field)``; the first is shown by default."""
-    return [
-        ("GiGPO A_S (step)", {"step_grouping": "state"}, "step_advantages"),
-        ("GiGPO A = A_E + ω·A_S", {"step_grouping": "state"}, "advantages"),
-        ("GRPO A (= A_E)", {"step_grouping": "state", "step_advantage_weight": 0.0}, "advantages"),
-        ("HGPO A", {"step_grouping": "hierarchical", "step_advantage_weight": 1.0}, "advantages"),
+def _graph_estimator() -> bool:
+    """Whether this version's estimator has GraphGPO (``step_return="graph"``)."""
+    import inspect
+
+    from .advantage import compute_gigpo_advantages
+
+    return "step_return" in inspect.signature(compute_gigpo_advantages).parameters
+
+
+def _estimators(records: Sequence[dict] = ()) -> list[tuple[str, dict, str]]:
+    """``(label, keyword overrides of compute_gigpo_advantages, result field)``; the first is shown by default.
+    GraphGPO when the estimator has it and every record has its next anchor (``next_anchor_key``)."""
+    discounted = {"step_return": "discounted"} if _graph_estimator() else {}
+    out = [
+        ("GiGPO A_S (step)", {"step_grouping": "state", **discounted}, "step_advantages"),
+        ("GiGPO A = A_E + ω·A_S", {"step_grouping": "state", **discounted}, "advantages"),
+        ("GRPO A (= A_E)", {"step_grouping": "state", "step_advantage_weight": 0.0, **discounted}, "advantages"),
+        ("HGPO A", {"step_grouping": "hierarchical", "step_advantage_weight": 1.0, **discounted}, "advantages"),
     ]
+    if discounted and records and all(r.get("next_anchor_key") and r.get("anchor_key") for r in records):
+        out.append(("GraphGPO A", {"step_grouping": "state", "step_return": "graph", "similarity_threshold": None,
+                                   "anchor_states": [r["anchor_key"] for r in records],
+                                   "next_anchor_states": [r["next_anchor_key"] for r in records]}, "advantages"))
+    return out
 
 
 def estimator_values(records: Sequence[dict], settings: dict) -> dict[str, list[float]]:
     """Each estimator's advantage of every record (one training iteration, all ranks, in file order), recomputed
     with :func:`~gigpo_trl.advantage.compute_gigpo_advantages` from the records' rewards, validity flags, task groups,
     trajectories and step groups (``anchor_group``, which already holds a fuzzy run's merged anchors) and the run's
-    ``settings`` (``records/settings.json``). Returns ``{label: [value per record]}``."""
+    ``settings`` (``records/settings.json``); GraphGPO (where the estimator has it) from the anchors' and next
+    anchors' keys (``anchor_key``, ``next_anchor_key``). Returns ``{label: [value per record]}``."""
     import numpy as np
 
     from .advantage import compute_gigpo_advantages
 
     if not records:
         return {label: [] for label, _, _ in _estimators()}
+    graph = {"graph_normalize_distance": settings.get("graph_normalize_distance") or False} if _graph_estimator() \
+        else {}
     base = dict(
         rewards=np.array([r["reward"] for r in records], dtype=np.float64),
         group_ids=[r["group"] for r in records],
@@ -77,11 +97,12 @@ def estimator_values(records: Sequence[dict], settings: dict) -> dict[str, list[
         hierarchy_depth=settings.get("hierarchy_depth", 2),
         hierarchy_alpha=settings.get("hierarchy_alpha", 1.0),
         hierarchy_base_group=settings.get("hierarchy_base_group", False),
+        **graph,
     )
     if base["step_advantage_weight"] is None or settings.get("step_grouping") == "hierarchical":
         base["step_advantage_weight"] = 1.0  # the run's own ω has no meaning under HGPO
     out = {}
-    for label, overrides, field in _estimators():
+    for label, overrides, field in _estimators(records):
         result = compute_gigpo_advantages(**{**base, **overrides})
         out[label] = [float(v) for v in getattr(result, field)]
     return out
