@@ -210,8 +210,10 @@ def curves_figure(log_history: Sequence[dict], records_by_iteration: dict[int, l
                               row=row, col=col)
                 drawn = True
         if not drawn:
-            fig.add_annotation(text="not logged in this run", x=0.5, y=0.5, xref="x domain", yref="y domain",
-                               showarrow=False, font={"color": "#888"}, row=row, col=col)
+            axes = fig.get_subplot(row, col)  # the panel's centre, in paper coordinates
+            fig.add_annotation(text="not logged in this run", x=sum(axes.xaxis.domain) / 2,
+                               y=sum(axes.yaxis.domain) / 2, xref="paper", yref="paper", showarrow=False,
+                               font={"color": "#888"})
         fig.update_xaxes(title_text="optimizer step", row=row, col=col)
     fig.update_layout(height=560, margin={"l": 40, "r": 20, "t": 50, "b": 40}, template="plotly_white",
                       legend={"orientation": "h", "y": -0.12})
@@ -326,7 +328,7 @@ def group_graph(records: Sequence[dict], values: dict[str, list[float]], prefix:
     buttons = []
     for lab in labels:
         edge_values = [values[lab][i] for _, _, i in edges]
-        span = max([abs(v) for v in edge_values] + [1e-9])
+        span = max([abs(v) for v in edge_values] + [0.0]) or 1.0  # all 0: a readable ±1 scale, grey edges
         colors = sample_colorscale(COLORSCALE, [0.5 + 0.5 * v / span for v in edge_values]) if edge_values else []
         update = {"line.color": colors + ["#000"] * 3, "marker.color": colors + ["#e8e8e8", None, [-span, span]],
                   "marker.colorbar.title.text": [None] * (n_edges + 2) + [html.escape(lab)]}
@@ -361,9 +363,10 @@ def _edge_path(p, q, k: int, loop: bool) -> tuple[list[float], list[float]]:
     """Points of an edge's polyline: straight for the first edge between two nodes, bent alternately to either side
     for the next ones (parallel actions stay visible), a small loop above the node for a self-loop."""
     (x0, y0), (x1, y1) = (float(p[0]), float(p[1])), (float(q[0]), float(q[1]))
-    if loop:
-        r = 0.06 * (1 + k)
-        return [x0, x0 + r, x0, x0 - r, x0], [y0, y0 + 1.5 * r, y0 + 2.2 * r, y0 + 1.5 * r, y0]
+    if loop:  # a circle through the node, above it, larger for each further loop
+        r = 0.05 * (1 + 0.6 * k)
+        angles = [-math.pi / 2 + 2 * math.pi * j / 12 for j in range(13)]
+        return [x0 + r * math.cos(a) for a in angles], [y0 + r + r * math.sin(a) for a in angles]
     mx, my = (x0 + x1) / 2, (y0 + y1) / 2
     dx, dy = x1 - x0, y1 - y0
     norm = math.hypot(dx, dy) or 1.0
