@@ -28,6 +28,7 @@ import argparse
 import html
 import json
 import math
+import re
 import sys
 import textwrap
 from collections import defaultdict
@@ -124,6 +125,22 @@ def load_log_history(run_dir: str | Path) -> list[dict]:
     return []
 
 
+def _missing_evaluations(run_dir: Path, log_history: Sequence[dict]) -> list[dict]:
+    """:func:`eval_history` of the run's evaluation records that the log history does not hold."""
+    from .records import read_records
+
+    logged = {(k[: -len("_success_rate")], h.get("step")) for h in log_history for k in h
+              if k.startswith("eval") and k.endswith("_success_rate")}
+    records, names = [], []
+    for path in record_files(run_dir, "eval").get(0, []):
+        match = re.match(r"(.+)\.step(\d+)\.rank\d+\.jsonl\.gz$", path.name)
+        if match and (match.group(1), int(match.group(2))) not in logged:
+            recs = read_records(path)
+            records += recs
+            names += [match.group(1)] * len(recs)
+    return eval_history(records, names) if records else []
+
+
 def _settings(run_dir: Path) -> dict:
     path = records_dir(run_dir) / SETTINGS_NAME
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -155,6 +172,24 @@ _CURVES = [  # (panel title, training key, evaluation suffix)
     ("loss", "loss", None),
     ("KL to the reference", "kl", None),
 ]
+
+
+def eval_history(eval_records: Sequence[dict], names: Sequence[str]) -> list[dict]:
+    """Log-history-like entries (``{"step", f"{name}_success_rate", f"{name}_return_mean",
+    f"{name}_invalid_action_rate"}``) of the evaluations in ``eval_records`` (records of ``split="eval"``, each
+    with the name of its evaluation in ``names``, same order): one per evaluation. For evaluations the log history
+    lacks (``Trainer.train`` starts a new state, so an evaluation before training is not in ``trainer_state.json``)."""
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for rec, name in zip(eval_records, names):
+        runs[(name, rec["global_step"])].append(rec)
+    out = []
+    for (name, step), recs in runs.items():
+        ends = {r["trajectory"]: r for r in recs}  # one per trajectory
+        out.append({"step": step,
+                    f"{name}_success_rate": sum(r["success"] for r in ends.values()) / len(ends),
+                    f"{name}_return_mean": sum(r["episode_return"] for r in ends.values()) / len(ends),
+                    f"{name}_invalid_action_rate": sum(not r["action_valid"] for r in recs) / len(recs)})
+    return out
 
 
 def curves_figure(log_history: Sequence[dict], records_by_iteration: dict[int, list[dict]] | None = None):
@@ -468,6 +503,7 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, iteratio
                                 f"(recorded: {sorted(files) or 'none'})")
     settings = _settings(run_dir)
     by_iteration = {it: load_records(run_dir, "train", it) for it in files}
+    log_history = list(log_history) + _missing_evaluations(run_dir, log_history)
     parts = [pio.to_html(curves_figure(log_history, by_iteration), full_html=False, include_plotlyjs=True,
                          div_id="curves", config={"displaylogo": False})]
     body = [f"<h2>Training curves</h2>{parts[0]}"]
@@ -537,4 +573,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["build_report", "curves_figure", "estimator_values", "group_graph", "load_log_history", "main"]
+__all__ = ["build_report", "curves_figure", "estimator_values", "eval_history", "group_graph", "load_log_history", "main"]

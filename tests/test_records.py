@@ -235,7 +235,7 @@ def render(page, tmp_path):
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
            "--user-data-dir=" + str(tmp_path / "chromium-profile"), "--virtual-time-budget=15000", "--dump-dom",
            probed.as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # a loaded 2-core machine can take minutes
     match = re.search(r'<pre id="__probe">(.*?)</pre>', proc.stdout, re.S)
     assert match, f"no probe output (rc {proc.returncode}): {proc.stderr[-2000:]}"
     return json.loads(html.unescape(match.group(1))), proc.stdout
