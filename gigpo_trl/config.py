@@ -122,6 +122,16 @@ class GiGPOConfig(GRPOConfig):
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
 
+        > Parameters that control the rollout records (see `gigpo_trl.records`, and `python -m gigpo_trl.report`)
+
+        rollout_records (`bool`, *optional*, defaults to `False`):
+            Write every recorded training iteration's rows and every evaluation's rows under
+            `output_dir/records/` as gzip-compressed JSON Lines (one file per iteration and process): task, group,
+            trajectory, turn, observation, completion, action and its validity, reward, done, return-to-go, A_E,
+            A_S, A, step group and size, task type, the trajectory's success and return.
+        rollout_records_every (`int`, *optional*, defaults to `1`):
+            With `rollout_records`, record iterations 1, 1 + N, 1 + 2N, ... (evaluations are always recorded).
+
         > Parameters that control memory
 
         max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `16384`):
@@ -270,6 +280,16 @@ class GiGPOConfig(GRPOConfig):
     eval_max_tasks: int | None = field(
         default=None, metadata={"help": "Evaluate on at most this many tasks of the eval dataset."}
     )
+    # Rollout records
+    rollout_records: bool = field(
+        default=False,
+        metadata={"help": "Write each recorded iteration's and each evaluation's rows (observation, completion, action, "
+                          "reward, return-to-go, A_E, A_S, A, step group, ...) to output_dir/records/ as JSON Lines "
+                          "(gzip), for `python -m gigpo_trl.report`."},
+    )
+    rollout_records_every: int = field(
+        default=1, metadata={"help": "With rollout_records: record iterations 1, 1 + N, 1 + 2N, ..."}
+    )
     # Memory
     max_tokens_per_microbatch: int | None = field(
         default=16384,
@@ -370,6 +390,9 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:
             raise ValueError(f"max_dynamic_sampling_rounds must be >= 0, got {self.max_dynamic_sampling_rounds}")
+        every = self.rollout_records_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"rollout_records_every must be an int >= 1, got {every!r}")
         if self.eval_temperature < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
         self._check_token_budget()

@@ -92,7 +92,7 @@ CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
 # paper-scale settings.
 _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_length": 2,
           "max_completion_length": 48, "learning_rate": 1e-4, "beta": 0.0, "num_generations": 4,
-          "per_device_train_batch_size": 8, "eval_max_tasks": 8}
+          "per_device_train_batch_size": 8, "eval_max_tasks": 8, "rollout_records": True}
 # Long observations (WebShop pages, ALFWorld rooms): 4 trajectories (2 task groups x 2 rollouts) per iteration,
 # trained in 4 micro-batches of 1 trajectory (all its turns); max_tokens_per_microbatch bounds memory per forward.
 _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "steps_per_generation": 4,
@@ -511,10 +511,26 @@ def run(job: JobArguments, args, model_args) -> int:
     results["wall_seconds"] = time.perf_counter() - started
     code = 0
     if trainer.accelerator.is_main_process:
+        if args.rollout_records and not job.eval_only:
+            print_report(trainer, args.output_dir)
         code = write_outputs(job, args, results, hub_id, base_model, lora=peft_config is not None, push=push)
         print(f"[gigpo] done in {results['wall_seconds']:.0f} s", flush=True)
     trainer.accelerator.end_training()  # trackers, and the process group under several processes
     return code
+
+
+def print_report(trainer, output_dir: str) -> None:
+    """Save the log history (``trainer_state.json``) and write the run's report (:mod:`gigpo_trl.report`) from it and
+    the rollout records; print its path, or, without the ``report`` extra (plotly), how to build it later."""
+    trainer.save_state()
+    try:
+        from .report import build_report
+
+        print(f"[gigpo] report (curves, each task group's anchor-state graph): {build_report(output_dir)}", flush=True)
+    except ImportError as exc:
+        print(f"[gigpo] rollout records in {Path(output_dir) / 'records'}; the report needs the `report` extra "
+              f"({exc.name or exc}): pip install 'gigpo_trl[report]' && python -m gigpo_trl.report {output_dir}",
+              flush=True)
 
 
 DEBUG_ENV = "GIGPO_DEBUG"

@@ -51,6 +51,8 @@ class StepRow:
     completion_text: str = ""
     prompt_messages: list[dict] | None = None
     next_anchor_state: Hashable = None  # anchor of the observation the action returned (GraphGPO's transition)
+    observation: Any = None  # the observation the action was taken from (for rollout records)
+    action: str | None = None  # the parsed action sent to the environment
 
 
 def advantage_keys(rows: list[StepRow]) -> list[tuple]:
@@ -413,6 +415,7 @@ class RolloutCollector:
                 trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
                 reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
                 completion_text=text, prompt_messages=messages, next_anchor_state=res.anchor,
+                observation=st["observation"], action=parsed.action,
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)

@@ -52,6 +52,7 @@ from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
 from .positions import install_mask_positions
+from .records import RolloutRecorder
 from .rollout import RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
@@ -171,6 +172,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))  # one engine step per optimizer step
         check_chat_template(trl_compat.tokenizer(self))
         self.collector = self._make_collector(args)
+        self.rollout_recorder = RolloutRecorder(self)  # writes only with args.rollout_records
         check_first_prompt(self.collector, self.env_factories, train_dataset)
         self.dynamic_sampler = DynamicSampler(
             self.collector, self.train_dataset, self._advantages, args.max_dynamic_sampling_rounds,
@@ -269,6 +271,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         t_adv = time.perf_counter() - t1
 
         output = self._rows_to_batch(rows, advantages, counts, mode)
+        self.rollout_recorder.record_iteration(batch, result, start, mode)
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
 
@@ -477,7 +480,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         size = max(1, self.args.per_device_eval_batch_size)
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
-        local_trajectories = []
+        local_trajectories, local_rows = [], []
         with (self._eval_sampling(),
               generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm)):
             for c in range(n_chunks):
@@ -485,6 +488,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
                                                trajectory_prefix=("eval", rank, c))
                 local_trajectories += batch.trajectories
+                local_rows += batch.rows
+        self.rollout_recorder.record_evaluation(metric_key_prefix, local_rows, local_trajectories)
         trajectories = gather_object(local_trajectories) if world > 1 else local_trajectories
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in episode_metrics(trajectories).items()}
         metrics[f"{metric_key_prefix}_num_tasks"] = float(len(trajectories))

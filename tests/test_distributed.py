@@ -74,7 +74,7 @@ BUDGET = "700"
 @pytest.mark.slow
 def test_two_processes_with_different_row_counts(tmp_path):
     output = launch(tmp_path, "--config_file", str(ROOT / "configs" / "accelerate" / "multi_cpu.yaml"),
-                    script_args=("--budget", BUDGET, "--compare"))
+                    script_args=("--budget", BUDGET, "--compare", "--records"))
     ranks = parse_ranks(output)
     # training: rank 0 rolls out tasks 1 and 2 (2 rollouts each) → 2 and 4 rows; rank 1 tasks 3 and 4 → 6 and 8.
     # evaluation (tasks 1, 2, 3 one at a time): rank 0 runs tasks 1 and 3, rank 1 task 2 and then an empty chunk.
@@ -95,6 +95,25 @@ def test_two_processes_with_different_row_counts(tmp_path):
     assert prompts[0][0][:2] != prompts[1][0][:2]
     assert prompts[0][1] == prompts[1][1] == train_peaks
     assert parse_engine(output) == {0: (None, 2), 1: (None, 2)}  # no DeepSpeed engine
+    _check_records(tmp_path / "out")
+
+
+def _check_records(out):
+    """Each rank wrote its own rows once: training iterations 1 and 2 (2 and 4 rows on rank 0, 6 and 8 on rank 1),
+    the evaluation (rank 0: tasks 1 and 3, 1 + 3 rows; rank 1: task 2, 2 rows); step groups labelled over both ranks."""
+    from gigpo_trl.records import read_records, record_files
+
+    files = record_files(out)
+    assert {it: [p.name for p in paths] for it, paths in files.items()} == {
+        it: [f"iteration_{it:06d}.rank{r}.jsonl.gz" for r in (0, 1)] for it in (1, 2)}
+    for it, sizes in ((1, (2, 6)), (2, (4, 8))):
+        per_rank = [read_records(p) for p in files[it]]
+        assert tuple(len(recs) for recs in per_rank) == sizes
+        assert [{r["rank"] for r in recs} for recs in per_rank] == [{0}, {1}]
+        labels = [{r["anchor_group"] for r in recs} for recs in per_rank]
+        assert not labels[0] & labels[1] and labels[0] | labels[1] == set(range(len(labels[0] | labels[1])))
+    evals = {p.name.rsplit(".", 3)[1]: read_records(p) for p in record_files(out, "eval")[0]}
+    assert {rank: len(recs) for rank, recs in evals.items()} == {"rank0": 4, "rank1": 2}
 
 
 def _check_budget(output):

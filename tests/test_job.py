@@ -30,7 +30,7 @@ def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir,
     parser = build_parser({"env": "frozenlake"})
     job, args, model_args = parser.parse_args_and_config(args=_job_args(
         tiny_model_dir, out, "--push_to_hub", "true", "--hub_model_id", "someone/gigpo-test", "--hub_token",
-        "hf_secret_not_printed"))
+        "hf_secret_not_printed", "--rollout_records", "true"))
     code = run(job, args, model_args)
     captured = capsys.readouterr()
     assert code == 1  # everything but the push succeeded
@@ -48,6 +48,11 @@ def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir,
     iterations = [line for line in captured.out.splitlines() if line.startswith("[gigpo] iteration ")]
     assert len(iterations) == 1 and iterations[0].startswith("[gigpo] iteration 1: success ")  # max_steps=1
     assert "hf_secret_not_printed" not in captured.out + captured.err
+    # rollout records (on in the examples' short runs) and the report, whose path is printed
+    assert EXAMPLE_DEFAULTS["webshop"]["rollout_records"] is True
+    assert f"[gigpo] report (curves, each task group's anchor-state graph): {out / 'report.html'}" in captured.out
+    assert (out / "records" / "train" / "iteration_000001.rank0.jsonl.gz").is_file()
+    assert len(list((out / "records" / "eval").glob("eval_*.rank0.jsonl.gz"))) == 2  # before and after
 
     # A rerun into the same folder is refused before any model time is spent, and nothing changes on disk.
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}

@@ -4,7 +4,7 @@ FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_gener
 rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
 
     distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare] [--per-turn-gathers] [--long-obs]
-                         [--accum] [--single]
+                         [--accum] [--single] [--records]
 
 The env's rewards depend on the completion text (VariedRewardEnv), so the update is not zero. `--budget N` sets
 max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank prints its training forwards and
@@ -15,6 +15,7 @@ max_prompt_length=600 (rank 1's task-4 episodes fail at turn 3).
 micro-batches per rank), plain SGD, and a fixed policy whose completions depend only on the prompt (and on which
 copy of a repeated prompt it is within a call), so the rows do not depend on how they are split over processes;
 the main process saves the weight update to OUTPUT_DIR-update.pt (OUTPUT_DIR-update-ref.pt for --compare's run).
+`--records`: rollout records on (tests/test_distributed.py checks each rank's files).
 `--single` (with --accum, run with plain `python`, one process): per_device_train_batch_size=4, the same global
 batch as two processes of 2: the one-process reference of the same rows.
 Under ZeRO-3 each rank prints the full parameter gathers made in each training iteration, then in each evaluation
@@ -111,7 +112,8 @@ def full_weights(trainer):
 
 
 def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
-         per_turn_gathers: bool = False, long_obs: bool = False, accum: bool = False, single: bool = False):
+         per_turn_gathers: bool = False, long_obs: bool = False, accum: bool = False, single: bool = False,
+         records: bool = False):
     reports = output_dir + "-reports"  # one file per rank (accelerate sets RANK), read by tests/test_distributed.py
     os.makedirs(reports, exist_ok=True)
     _REPORT.append(os.path.join(reports, f"rank-{os.environ.get('RANK', '0')}.txt"))
@@ -137,6 +139,7 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
         ds.zero.GatheredParameters = CountingGather
     env = LongObsAtTurn3Env if long_obs else VariedRewardEnv
     trainer, tokenizer = build(output_dir, extra, budget, env, accum, single)
+    trainer.args.rollout_records = records  # each rank writes its own rows under OUTPUT_DIR/records
     if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
         import contextlib
 
@@ -225,6 +228,7 @@ if __name__ == "__main__":
     parser.add_argument("--long-obs", action="store_true")
     parser.add_argument("--accum", action="store_true")
     parser.add_argument("--single", action="store_true")
+    parser.add_argument("--records", action="store_true")
     cli = parser.parse_args()
     main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs, cli.accum,
-         cli.single)
+         cli.single, cli.records)
