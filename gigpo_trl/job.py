@@ -73,6 +73,18 @@ class JobArguments:
         metadata={"help": "verl-agent protocol: the paper's trainer.test_freq; the evaluation after N iterations "
                           "plays the game draw of round ceil(N / test_freq) (round 0 before training)."},
     )
+    warmup_episodes: int = field(
+        default=0,
+        metadata={"help": "Expert warm-up before GiGPO (gigpo_trl.warmup): expert episodes on the training tasks, "
+                          "trained by TRL's SFTTrainer on the same adapter; then an evaluation 'after_warmup'. 0: no "
+                          "warm-up (the GPU and paper configs); on in the CPU defaults."},
+    )
+    warmup_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the warm-up's demonstrations."})
+    warmup_learning_rate: float = field(default=5e-4, metadata={"help": "SFT learning rate of the warm-up."})
+    warmup_perturb_rate: float = field(
+        default=0.1, metadata={"help": "Probability of a random admissible action per warm-up turn (the expert's "
+                                       "recovery is demonstrated; the random turn is not)."}
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Write into a --output_dir that already holds files (an earlier run's adapter, card and "
@@ -80,11 +92,14 @@ class JobArguments:
     )
 
 
+# The expert warm-up on a CPU (a small model cannot explore without it; sizes: benchmarks/README.md, "Warm-up").
+WARMUP_CPU_DEFAULTS = {"warmup_episodes": 64, "warmup_epochs": 2.0, "warmup_learning_rate": 5e-4}
 # On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
 # (README, "Memory"): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
 # CPU) and a budget of 1,024 padded tokens per forward/backward (two WebShop rows of ~470 tokens, or one of 1,000).
 CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
-                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024}
+                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024,
+                **WARMUP_CPU_DEFAULTS}
 
 # Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
 # gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the
@@ -97,7 +112,10 @@ _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_le
 _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "steps_per_generation": 4,
              "gradient_accumulation_steps": 4, "max_steps": 2, "max_turns": 4, "history_length": 1,
              "eval_max_tasks": 4}
-EXAMPLE_DEFAULTS = {"webshop": _LONG_OBS, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
+# WebShop: the current page only (its pages are 300-1,000 tokens; a history pair doubles every prompt), 5 turns (the
+# expert's episodes take 3-5 except 3 %), 30 held-out goals evaluated as one batch of episodes.
+_WEBSHOP = {**_LONG_OBS, "history_length": 0, "max_turns": 5, "eval_max_tasks": 30, "per_device_eval_batch_size": 30}
+EXAMPLE_DEFAULTS = {"webshop": _WEBSHOP, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
 
 
 class _JobParser:
@@ -355,6 +373,10 @@ def run(job: JobArguments, args, model_args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
     check_output_dir(job, args)  # before any model time is spent
+    if job.warmup_episodes > 0 and not job.eval_only:  # an environment without an expert: before any model too
+        from .warmup import check_expert
+
+        check_expert(env_factory(job)())
     from accelerate import PartialState
 
     with PartialState().local_main_process_first():  # one process converts the default model, the others wait
@@ -426,6 +448,9 @@ def run(job: JobArguments, args, model_args) -> int:
     else:
         if job.eval_before:
             evaluate("before")
+        if job.warmup_episodes > 0:
+            results["warmup"] = _warm_up(trainer, job, main)
+            evaluate("after_warmup")
         trainer.train()
         # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
         # micro-steps, an optimizer step gradient_accumulation_steps of them.
@@ -445,6 +470,7 @@ def run(job: JobArguments, args, model_args) -> int:
             Path(args.output_dir, "README.md").write_text(card)
             saved = "adapter" if peft_config is not None else "model"
             print(f"[gigpo] {saved} and model card saved in {args.output_dir}", flush=True)
+            print_phase_table(results)
             if push:
                 repo_id = args.hub_model_id or Path(args.output_dir).name
                 try:
@@ -458,6 +484,43 @@ def run(job: JobArguments, args, model_args) -> int:
         print(f"[gigpo] done in {results['wall_seconds']:.0f} s", flush=True)
     trainer.accelerator.end_training()  # trackers, and the process group under several processes
     return code
+
+
+def _warm_up(trainer, job: JobArguments, main: bool) -> dict:
+    from .warmup import expert_warmup
+
+    stats = expert_warmup(trainer, episodes=job.warmup_episodes, epochs=job.warmup_epochs,
+                          learning_rate=job.warmup_learning_rate, perturb_rate=job.warmup_perturb_rate)
+    if main:
+        print(f"[gigpo] warm-up: {stats['rows']} demonstration rows from {stats['episodes']} expert episodes "
+              f"(expert success {stats['success_rate']:.3f}), {stats['sft_steps']} SFT steps, loss "
+              f"{stats['train_loss']:.4f}, {stats['seconds']:.0f} s", flush=True)
+    return stats
+
+
+PHASES = {"before": "before", "after_warmup": "after warm-up", "after": "after GiGPO"}
+
+
+def print_phase_table(results: dict) -> None:
+    """Print the evaluations of the run as one table (phase x success rate, task score, invalid-action rate, tasks),
+    then each later phase's success minus each earlier one's with its 95 % two-proportion interval."""
+    from .metrics import two_proportion_interval
+
+    phases = [(name, results[key]) for key, name in PHASES.items() if isinstance(results.get(key), dict)]
+    if not phases:
+        return
+    print(f"[gigpo] {'phase':<14} {'success':>8} {'task score':>10} {'invalid':>8} {'tasks':>6}", flush=True)
+    for name, m in phases:
+        score = f"{m['task_score']:.3f}" if "task_score" in m else "-"
+        invalid = m.get("invalid_action_rate", float("nan"))
+        print(f"[gigpo] {name:<14} {m['success_rate']:>8.3f} {score:>10} {invalid:>8.3f} {int(m.get('num_tasks', 0)):>6}",
+              flush=True)
+    for (name1, m1), (name2, m2) in [(b, a) for i, a in enumerate(phases) for b in phases[i + 1:]]:
+        n1, n2 = int(m1.get("num_tasks", 0)), int(m2.get("num_tasks", 0))
+        if n1 and n2:
+            d, low, high = two_proportion_interval(round(m1["success_rate"] * n1), n1, round(m2["success_rate"] * n2), n2)
+            print(f"[gigpo] success {name1} - {name2}: {d:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}] "
+                  "(two proportions, Newcombe)", flush=True)
 
 
 DEBUG_ENV = "GIGPO_DEBUG"
@@ -491,5 +554,5 @@ def main(env: str, argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-__all__ = ["EXAMPLE_DEFAULTS", "JobArguments", "build_parser", "check_output_dir", "env_factory", "error_line", "main",
+__all__ = ["EXAMPLE_DEFAULTS", "PHASES", "JobArguments", "print_phase_table", "build_parser", "check_output_dir", "env_factory", "error_line", "main",
            "model_card", "paper_eval_round", "push_adapter", "run"]
