@@ -93,7 +93,8 @@ class JobArguments:
 
 
 # The expert warm-up on a CPU (a small model cannot explore without it; sizes: benchmarks/README.md, "Warm-up").
-WARMUP_CPU_DEFAULTS = {"warmup_episodes": 64, "warmup_epochs": 2.0, "warmup_learning_rate": 5e-4}
+WARMUP_CPU_DEFAULTS = {"warmup_episodes": 12, "warmup_epochs": 2.0, "warmup_learning_rate": 1e-3,
+                       "warmup_perturb_rate": 0.0}
 # On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
 # (README, "Memory"): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
 # CPU) and a budget of 1,024 padded tokens per forward/backward (two WebShop rows of ~470 tokens, or one of 1,000).
@@ -113,8 +114,10 @@ _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "
              "gradient_accumulation_steps": 4, "max_steps": 2, "max_turns": 4, "history_length": 1,
              "eval_max_tasks": 4}
 # WebShop: the current page only (its pages are 300-1,000 tokens; a history pair doubles every prompt), 5 turns (the
-# expert's episodes take 3-5 except 3 %), 30 held-out goals evaluated as one batch of episodes.
-_WEBSHOP = {**_LONG_OBS, "history_length": 0, "max_turns": 5, "eval_max_tasks": 30, "per_device_eval_batch_size": 30}
+# expert's episodes take 3-5 except 3 %), one GiGPO iteration after the warm-up, 30 held-out goals evaluated as one
+# batch of episodes (sizes: benchmarks/README.md, "warmup_design.py").
+_WEBSHOP = {**_LONG_OBS, "history_length": 0, "max_turns": 5, "max_steps": 1, "eval_max_tasks": 30,
+            "per_device_eval_batch_size": 30}
 EXAMPLE_DEFAULTS = {"webshop": _WEBSHOP, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
 
 
