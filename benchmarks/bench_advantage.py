@@ -15,7 +15,12 @@ Cases:
   rows (88 groups x 8 trajectories x 50 turns, ALFWorld-like): cost of
   K = 0, 1, 2, 4 (and K = 2 with the base item) against GiGPO's estimator
   (``step_grouping="state"``) on the same rows; the contexts come from the
-  anchors and the turn order.
+  anchors and the turn order;
+* GraphGPO (``step_return="graph"``, the authors' recipe, both distance
+  forms) on the same 35,200 rows, its next anchors the next row's anchor
+  (the final observation's for a trajectory's last row);
+* the reference implementation's algorithm (:func:`reference_gigpo`) on the
+  6,400 and 35,200 rows: the speed-up of ours over it.
 
 Prints the median of several timed repeats after warm-up, and PASS/MISS
 against the targets.
@@ -40,6 +45,70 @@ TARGET_EXACT_MS = 5.0
 TARGET_SCALING = 12.0
 TARGET_SIMILARITY_S = 1.0
 TARGET_HIERARCHY_RATIO = 3.0  # K = 2 vs the GiGPO estimator on the same rows (issue 24)
+TARGET_REFERENCE_SPEEDUP = 50.0  # the reference's algorithm (below) over ours, same rows (issue 30)
+
+
+def reference_gigpo(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma=0.95, mode="mean_norm",
+                    penalty=0.1, epsilon=1e-6):
+    """GiGPO advantages computed the way the reference implementation (verl-agent ``gigpo/core_gigpo.py`` and
+    the penalty step of its trainer) computes them, step for step, written here for timing only: returns by a
+    reverse loop per trajectory (rows found by ``np.where``), put back in batch order with one ``np.where`` per
+    row, the invalid-action penalty in a loop over rows, episode and step statistics as per-group lists of
+    scalar tensors (``torch.mean`` / ``torch.std``), anchors grouped per task group in a dict, float32.
+    Returns ``(R,)`` float32 numpy advantages."""
+    import torch
+
+    rewards = np.asarray(rewards, dtype=np.float32)
+    traj = np.asarray([f"{g}/{t}" for g, t in zip(np.asarray(group_ids).tolist(), np.asarray(trajectory_ids).tolist())],
+                      dtype=object)
+    index = np.asarray(group_ids)
+    valid = np.ones(len(rewards), dtype=bool) if action_valid is None else np.asarray(action_valid, dtype=bool)
+    by_traj = {}
+    for uid in np.unique(traj):  # G_t = r_t + gamma * G_{t+1}
+        rows = np.where(traj == uid)[0]
+        out, running = np.zeros(len(rows), dtype=np.float32), 0.0
+        for t in reversed(range(len(rows))):
+            running = rewards[rows][t] + gamma * running
+            out[t] = running
+        by_traj[uid] = out
+    step_returns = np.zeros_like(rewards)
+    for i, uid in enumerate(traj):
+        rows = np.where(traj == uid)[0]
+        step_returns[i] = by_traj[uid][np.where(rows == i)[0][0]]
+    episode_reward = {uid: rewards[traj == uid].sum() for uid in np.unique(traj)}
+    step_scores = torch.tensor(step_returns)
+    episode_scores = torch.zeros(len(rewards))
+    for i in range(len(rewards)):  # reward on the last token, minus the penalty
+        episode_scores[i] = float(episode_reward[traj[i]]) - penalty * (1 - valid[i])
+        step_scores[i] -= penalty * (1 - valid[i])
+
+    def normalise(scores, ids, singleton_mean):
+        id2score = {}
+        for i in range(len(scores)):
+            id2score.setdefault(ids[i], []).append(scores[i])
+        stats = {}
+        for key, vals in id2score.items():
+            if len(vals) == 1:
+                stats[key] = (torch.mean(torch.tensor(vals)) if singleton_mean else torch.tensor(0.0), torch.tensor(1.0))
+            else:
+                stats[key] = (torch.mean(torch.tensor(vals)), torch.std(torch.tensor([vals])))
+        for i in range(len(scores)):
+            mean, std = stats[ids[i]]
+            scores[i] = scores[i] - mean if mode == "mean_norm" else (scores[i] - mean) / (std + epsilon)
+        return scores
+
+    A_E = normalise(episode_scores, index, singleton_mean=False)
+    step_ids = np.empty(len(rewards), dtype=object)
+    for g in np.unique(index):
+        rows = np.where(index == g)[0]
+        clusters = {}
+        for i in rows:
+            clusters.setdefault(anchor_states[i], []).append(i)
+        for k, members in enumerate(clusters.values()):
+            for i in members:
+                step_ids[i] = f"{g}:{k}"
+    A_S = normalise(step_scores, step_ids, singleton_mean=True)
+    return (A_E + A_S).numpy()
 
 
 def make_exact_case(n_groups: int, n_traj: int, n_turns: int, seed: int = 0):
@@ -72,6 +141,15 @@ def make_hierarchy_case(n_groups: int = 88, n_traj: int = 8, n_turns: int = 50, 
     case["anchor_states"] = [f"task {g}: you are in room {k}. You see a desk and a drawer {k}."
                              for g, k in zip(group_ids, rooms.tolist())]
     return case
+
+
+def next_anchors(case: dict) -> list:
+    """The anchor each row's action led to: the next row's anchor in its trajectory, and for a trajectory's last
+    row a final observation of its own (rows are in trajectory-major order, as ``make_exact_case`` builds them)."""
+    anchors, trajs = case["anchor_states"], np.asarray(case["trajectory_ids"])
+    last = np.append(trajs[1:] != trajs[:-1], True)
+    return [f"trajectory {t}: the episode is over" if end else anchors[i + 1]
+            for i, (t, end) in enumerate(zip(trajs.tolist(), last.tolist()))]
 
 
 def make_similarity_case(n_groups: int = 8, per_group: int = 125, length: int = 1500, seed: int = 0):
@@ -139,6 +217,32 @@ def time_interleaved(cases: dict, repeats: int, warmup: int = 2) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def time_cpu(fn, kwargs, repeats: int) -> float:
+    """Median CPU seconds (``time.process_time``) of ``fn(**kwargs)`` after one warm-up call."""
+    fn(**kwargs)
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn(**kwargs)
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def compare_reference(small: dict, large: dict, mode: str, ref_repeats: int, repeats: int) -> None:
+    """Speed-up of ``compute_gigpo_advantages`` over :func:`reference_gigpo` on the same rows (CPU time), and the
+    largest difference of their advantages (float32 against float64)."""
+    for case in (small, large):
+        n = len(case["rewards"])
+        ref = reference_gigpo(**case, mode=mode)
+        ours = compute_gigpo_advantages(**case, mode=mode).advantages
+        t_ref = time_cpu(reference_gigpo, dict(case, mode=mode), ref_repeats)
+        t_ours = time_cpu(compute_gigpo_advantages, dict(case, mode=mode), repeats)
+        speedup = t_ref / t_ours
+        print(f"reference's algorithm, {n:>6} rows: {t_ref * 1e3:9.1f} ms/call, ours {t_ours * 1e3:7.2f} ms/call "
+              f"= {speedup:7.0f}x   max |diff| {np.abs(ref - ours).max():.1e}"
+              f"   target >= {TARGET_REFERENCE_SPEEDUP:.0f}x: {verdict(speedup >= TARGET_REFERENCE_SPEEDUP)}")
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -148,6 +252,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=21, help="timed repeats per case (median reported)")
     parser.add_argument("--threshold", type=float, default=0.9, help="similarity_threshold of the fuzzy case")
     parser.add_argument("--mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
+    parser.add_argument("--reference-repeats", type=int, default=3,
+                        help="timed repeats of the reference's algorithm per size (0 skips the comparison)")
     args = parser.parse_args(argv)
 
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}  numpy {np.__version__}")
@@ -162,12 +268,18 @@ def main(argv=None) -> int:
     print(f"exact, {n_large:>6} rows: {t_large * 1e3:8.2f} ms/call  {n_large / t_large:12,.0f} rows/s")
     print(f"scaling time(10x)/time(1x) = {ratio:.2f}   target <= {TARGET_SCALING}: {verdict(ratio <= TARGET_SCALING)}")
 
+    if args.reference_repeats > 0:
+        compare_reference(small, make_hierarchy_case(), args.mode, args.reference_repeats, args.repeats)
+
     hier = make_hierarchy_case()
     n_hier = len(hier["rewards"])
     cases = {"state": dict(hier, mode=args.mode)}
     for depth in (0, 1, 2, 4):
         cases[depth] = dict(hier, mode=args.mode, step_grouping="hierarchical", hierarchy_depth=depth)
     cases["2+base"] = dict(cases[2], hierarchy_base_group=True)
+    graph = dict(hier, mode=args.mode, step_return="graph", next_anchor_states=next_anchors(hier), gamma=0.1)
+    cases["graph"] = graph
+    cases["graph, normalized"] = dict(graph, graph_normalize_distance=True)
     times = time_interleaved(cases, args.repeats)
     t_state = times["state"]
     print(f"HGPO (recipe), {n_hier} rows, CPU time: GiGPO (step_grouping='state') {t_state * 1e3:8.2f} ms/call")
@@ -179,6 +291,11 @@ def main(argv=None) -> int:
                   if depth == 2 else "")
         print(f"  K={depth}: {t_k * 1e3:8.2f} ms/call = {t_k / t_state:5.2f}x GiGPO"
               f"   rows in a group of >= 2 at levels 0..K: {in_groups}{target}")
+    for name in ("graph", "graph, normalized"):
+        res, t_g = compute_gigpo_advantages(**cases[name]), times[name]
+        reach = np.asarray(res.anchor_reaches_success).mean()
+        print(f"GraphGPO (recipe, {name}): {t_g * 1e3:8.2f} ms/call = {t_g / t_state:5.2f}x GiGPO"
+              f"   rows whose anchor reaches success: {reach:.2f}, largest distance {res.next_state_distances.max()}")
 
     sim = make_similarity_case()
     lengths = [len(s) for s in sim["anchor_states"]]

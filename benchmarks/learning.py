@@ -1,12 +1,13 @@
-"""GiGPO vs GRPO (vs HGPO) at equal budget, on a testbed where step-level credit matters, on a CPU.
+"""GiGPO vs GRPO (vs HGPO, GraphGPO) at equal budget, on a testbed where step-level credit matters, on a CPU.
 
-    python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, GiGPO, GRPO, HGPO
+    python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, all four arms
     python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, 3 iterations)
     python benchmarks/learning.py --seeds 200 201 202 203 204 --output_dir outputs/bench/learning/a   # a split run
     python benchmarks/learning.py --report_only --runs outputs/bench/learning/a/runs.jsonl \
         outputs/bench/learning/b/runs.jsonl              # merge split runs into one report
     python benchmarks/learning.py --warmup_only --seeds 1 100   # only the warm-ups, with their figures
-    python benchmarks/learning.py --arms GiGPO GRPO       # without the HGPO arm
+    python benchmarks/learning.py --arms GiGPO GRPO       # without the HGPO and GraphGPO arms
+    python benchmarks/learning.py --arms GraphGPO --reuse_warmup   # add an arm to a run (same output_dir)
     python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
 
 Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
@@ -28,9 +29,10 @@ Per seed:
    0.5 +- 0.05 of two-door rooms (the policy knows the rules, not the way). A seed that misses either within
    ``--warmup_max_steps`` stops the run with an error naming it. The weights are saved once; every arm starts from
    them.
-2. every arm (``ARMS``; default all three) trains from those weights with identical settings, seed, task
+2. every arm (``ARMS``; default all four) trains from those weights with identical settings, seed, task
    order and number of iterations; only the arm's config fields differ (GiGPO: omega = 1; GRPO: omega = 0; HGPO:
-   the authors' recipe, ``step_grouping="hierarchical"`` with K = 2 and alpha = 1).
+   the authors' recipe, ``step_grouping="hierarchical"`` with K = 2 and alpha = 1; GraphGPO: the authors' recipe,
+   ``step_return="graph"`` with the gamma of its ALFWorld script, 0.10).
 3. held-out evaluation (the env's eval split, sampled at T = 1) at iteration 0 and at ``eval_schedule``'s
    iterations (every ``--eval_every_early`` iterations, then the last three ``--eval_every`` apart); greedy too at
    iteration 0 and the last three.
@@ -82,18 +84,19 @@ ARMS = {
     "GiGPO": {"step_advantage_weight": 1.0},
     "GRPO": {"step_advantage_weight": 0.0},
     "HGPO": {"step_advantage_weight": 1.0, "step_grouping": "hierarchical", "hierarchy_depth": 2},
+    # the recipe's ALFWorld run script: gamma 0.10 (its WebShop script: 0.20), distance form off
+    "GraphGPO": {"step_advantage_weight": 1.0, "step_return": "graph", "gamma": 0.1, "graph_normalize_distance": False},
 }
 
 
-def hgpo_available() -> bool:
-    """Whether this checkout's GiGPOConfig has the HGPO fields (issue 15)."""
-    return "step_grouping" in {f.name for f in dataclasses.fields(GiGPOConfig)}
+def arm_available(arm: str) -> bool:
+    """Whether this checkout's GiGPOConfig has the fields of ``arm`` (HGPO: issue 15, GraphGPO: issue 32)."""
+    return set(ARMS[arm]) <= {f.name for f in dataclasses.fields(GiGPOConfig)}
 
 
 def default_arms() -> list[str]:
-    """GiGPO, GRPO and HGPO (the authors' recipe), when this checkout's config has HGPO's fields: the three arms of
-    the 10 headline seeds took 37 min on an idle 2-core machine (the limit is 90)."""
-    return ["GiGPO", "GRPO"] + (["HGPO"] if hgpo_available() else [])
+    """GiGPO, GRPO, HGPO and GraphGPO (the authors' recipes), those whose fields this checkout's config has."""
+    return [arm for arm in ARMS if arm_available(arm)]
 
 
 # Fixed before the headline run; never used for a design run (the budget's design run uses DESIGN_SEEDS, the
@@ -594,7 +597,8 @@ def evaluate_both(trainer, temperature: float, greedy: bool = True) -> dict:
 
 
 def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
-    return GiGPOConfig(
+    """The run's shared settings; the arm's fields override them (GraphGPO: its own gamma)."""
+    shared = dict(
         output_dir=out_dir, seed=seed, data_seed=seed,
         num_generations=a.num_generations, per_device_train_batch_size=a.groups * a.num_generations // a.spg,
         steps_per_generation=a.spg, max_steps=a.iterations * a.spg, max_turns=a.max_turns,
@@ -603,13 +607,14 @@ def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
         max_completion_length=a.max_completion_length, gamma=a.gamma, advantage_mode=a.advantage_mode,
         bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no",
         disable_tqdm=True, logging_steps=1, eval_max_tasks=a.eval_tasks, eval_temperature=0.0,
-        per_device_eval_batch_size=a.eval_tasks, require_think=a.think, **arm_fields,
+        per_device_eval_batch_size=a.eval_tasks, require_think=a.think,
     )
+    return GiGPOConfig(**{**shared, **arm_fields})
 
 
 LOG_KEYS = ["episode/success_rate", "episode/length_mean", "episode/invalid_action_rate", "rollout/rows",
             "completions/mean_length", "anchor/singleton_fraction", "anchor/row_group_size_mean",
-            "anchor/group_size_mean", "rollout/seconds"]
+            "anchor/group_size_mean", "rollout/seconds", "graph/states_reaching_success", "graph/rows_reaching_success"]
 
 
 def iteration_series(log_history) -> dict:
@@ -794,7 +799,8 @@ def report(results, seeds, arms, a, warmups=None):
         f"{np.mean([results[(s, arm)]['headline_sampled'] for s in seeds]):11.3f} "
         f"{np.mean([results[(s, arm)]['headline_greedy'] for s in seeds]):12.3f} "
         f"{np.mean([results[(s, arm)]['auc_sampled'] for s in seeds]):10.3f}" for arm in arms))
-    pairs = [(x, y) for x, y in (("GiGPO", "GRPO"), ("HGPO", "GiGPO"), ("HGPO", "GRPO")) if x in arms and y in arms]
+    pairs = [(x, y) for x, y in (("GiGPO", "GRPO"), ("HGPO", "GiGPO"), ("HGPO", "GRPO"), ("GraphGPO", "GiGPO"),
+                                 ("GraphGPO", "GRPO")) if x in arms and y in arms]
     gaps = {}
     lines.append("")
     lines.append(f"paired gaps over seeds (percentage points; 95% t interval, df = seeds - 1); primary metric: "
@@ -855,7 +861,7 @@ def plot(results, seeds, arms, a, path):
         print("matplotlib not installed (pip install matplotlib): no plot")
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green"}
+    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green", "GraphGPO": "tab:red"}
 
     def band(ax, xs, ys, color, label):
         ys = np.asarray(ys, dtype=float)
@@ -900,7 +906,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="<= 3-minute smoke version (seed 0 unless --seeds, 3 "
                    "iterations, 16 eval tasks, a short warm-up that may miss its targets)")
     p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=None,
-                   help="arms to run (default: GiGPO GRPO HGPO); a split run can also add an arm later, merged with "
+                   help="arms to run (default: all four, GiGPO GRPO HGPO GraphGPO); a split run can also add an arm later, merged with "
                         "--report_only")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="default: the 10 HEADLINE_SEEDS (corridor), fixed before the headline run")

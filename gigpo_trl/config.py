@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
+
 _SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
 
 
@@ -22,11 +24,8 @@ def scrubbed_tokens():
         _SCRUB_TOKENS.reset(reset)
 
 
-ADVANTAGE_MODES = ("mean_norm", "mean_std_norm")
-EPISODE_STATS = ("rows", "trajectories")
 # Loss types whose accumulated sub-batch gradient equals the unsplit one (see token_budget.TokenBudgetMixin._sub_batch_scale).
 BUDGET_LOSS_TYPES = ("dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo")
-STEP_GROUPINGS = ("state", "hierarchical")
 
 
 @dataclass
@@ -70,6 +69,17 @@ class GiGPOConfig(GRPOConfig):
         hierarchy_base_group (`bool`, *optional*, defaults to `False`):
             With `step_grouping="hierarchical"`, add the episode advantage A_E to each row's levels as one more item
             of weight 1 (the recipe's `base_group`; its scripts leave it off). It is never added on top.
+        step_return (`str`, *optional*, defaults to `"discounted"`):
+            The return that A_S normalises: `"discounted"` (GiGPO's G_t) or `"graph"` (GraphGPO, arXiv 2605.26684,
+            as its authors' recipe computes it: each task group's transitions form a graph, and an action's return
+            is 10·γ^d, d the shortest distance from the state it led to to success; A_E, the step groups and ω are
+            GiGPO's). `"graph"` needs `step_grouping="state"` and exact anchors. The recipe's γ is much smaller
+            than GiGPO's 0.95, so that near states dominate: its run scripts set `gamma=0.10` on ALFWorld and
+            `gamma=0.20` on WebShop (see `configs/*_graphgpo.yaml`).
+        graph_normalize_distance (`bool`, *optional*, defaults to `False`):
+            With `step_return="graph"`, the return 10·γ^(d(s') − d(s) + 1) of the progress from the anchor state
+            s to the state s' the action led to, instead of 10·γ^d(s') (the recipe's `normalize_distance`; its run
+            scripts leave it off).
 
         > Parameters that control the rollout
 
@@ -146,7 +156,7 @@ class GiGPOConfig(GRPOConfig):
     advantage_mode: str = field(
         default="mean_norm",
         metadata={"help": "Advantage normalisation: 'mean_norm' (x − mean) or 'mean_std_norm' ((x − mean)/(std + 1e-6)).",
-                  "choices": list(ADVANTAGE_MODES)},
+                  "choices": list(MODES)},
     )
     episode_stats: str = field(
         default="rows",
@@ -181,6 +191,18 @@ class GiGPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "With step_grouping='hierarchical', add A_E as one more item of weight 1 to each row's "
                           "weighted mean (the recipe's base_group)."},
+    )
+    step_return: str = field(
+        default="discounted",
+        metadata={"help": "The return that A_S normalises: 'discounted' (GiGPO's G_t) or 'graph' (GraphGPO: 10·γ^d, "
+                          "d the distance from the state the action led to to success in the task group's "
+                          "transition graph; the recipe's γ is 0.10 on ALFWorld, 0.20 on WebShop).",
+                  "choices": list(STEP_RETURNS)},
+    )
+    graph_normalize_distance: bool = field(
+        default=False,
+        metadata={"help": "With step_return='graph', the return 10·γ^(d(s') − d(s) + 1) of the progress from the "
+                          "anchor state (the recipe's normalize_distance)."},
     )
     # Rollout
     max_turns: int = field(default=50, metadata={"help": "T, the turn limit of an episode."})
@@ -259,8 +281,8 @@ class GiGPOConfig(GRPOConfig):
                 f"{self.num_generations!r}"
             )
         super().__post_init__()
-        if self.advantage_mode not in ADVANTAGE_MODES:
-            raise ValueError(f"advantage_mode must be one of {list(ADVANTAGE_MODES)}, got {self.advantage_mode!r}")
+        if self.advantage_mode not in MODES:
+            raise ValueError(f"advantage_mode must be one of {list(MODES)}, got {self.advantage_mode!r}")
         if self.episode_stats not in EPISODE_STATS:
             raise ValueError(f"episode_stats must be one of {list(EPISODE_STATS)}, got {self.episode_stats!r}")
         if not 0.0 <= self.gamma <= 1.0:
@@ -279,6 +301,16 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"hierarchy_alpha must be a finite number >= 0, got {self.hierarchy_alpha!r}")
         if not isinstance(self.hierarchy_base_group, bool):
             raise ValueError(f"hierarchy_base_group must be True or False, got {self.hierarchy_base_group!r}")
+        if self.step_return not in STEP_RETURNS:
+            raise ValueError(f"step_return must be one of {list(STEP_RETURNS)}, got {self.step_return!r}")
+        if not isinstance(self.graph_normalize_distance, bool):
+            raise ValueError(f"graph_normalize_distance must be True or False, got {self.graph_normalize_distance!r}")
+        if self.step_return == "graph" and self.step_grouping != "state":
+            raise ValueError(f"step_return='graph' uses GiGPO's step groups: step_grouping must be 'state', got "
+                             f"{self.step_grouping!r}")
+        if self.step_return == "graph" and self.anchor_similarity_threshold is not None:
+            raise ValueError(f"step_return='graph' matches states exactly (its graph's nodes): "
+                             f"anchor_similarity_threshold must be None, got {self.anchor_similarity_threshold}")
         if self.step_grouping == "hierarchical" and self.step_advantage_weight != 1.0:
             warnings.warn(
                 f"step_advantage_weight={self.step_advantage_weight} is not used by step_grouping='hierarchical': "

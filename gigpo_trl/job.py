@@ -14,6 +14,7 @@ results of an earlier one: a non-empty ``--output_dir`` is refused unless ``--ov
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -27,8 +28,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from . import trl_compat
-from .envs import ENV_CLASSES
-from .envs.base import PROTOCOLS
+from .envs.registry import ENV_CLASSES, PROTOCOLS
 
 logger = logging.getLogger("gigpo_trl.job")
 
@@ -53,24 +53,25 @@ class JobArguments:
         default=None, metadata={"help": "Where to write the evaluation JSON. None: <output_dir>/eval_results.json."}
     )
     protocol: str = field(
-        default="gigpo-trl",
-        metadata={"help": "Environment protocol: 'verl-agent' reproduces the GiGPO paper's code (projection, prompts, "
-                          "anchors, evaluation); 'gigpo-trl' is this project's own behaviour.",
+        default=PROTOCOLS[0],
+        metadata={"help": "Environment protocol: which family of environment classes runs (gigpo_trl.envs.registry): "
+                          "this project's own (the default), or the GiGPO paper's code (projection, prompts, anchors, "
+                          "evaluation; docs/paper_protocol.md).",
                   "choices": list(PROTOCOLS)},
     )
     paper_eval_episodes: int = field(
         default=128,
-        metadata={"help": "verl-agent protocol: episodes of the paper's evaluation (val_data_size, 128)."},
+        metadata={"help": "Paper protocol: episodes of the paper's evaluation (val_data_size, 128)."},
     )
     paper_eval_temperature: float = field(
-        default=0.4, metadata={"help": "verl-agent protocol: sampling temperature of the paper's evaluation (0.4)."}
+        default=0.4, metadata={"help": "Paper protocol: sampling temperature of the paper's evaluation (0.4)."}
     )
     paper_eval_seed: int = field(
-        default=0, metadata={"help": "verl-agent protocol: the paper's env.seed (0); its eval workers add 1000."}
+        default=0, metadata={"help": "Paper protocol: the paper's env.seed (0); its eval workers add 1000."}
     )
     paper_test_freq: int = field(
         default=5,
-        metadata={"help": "verl-agent protocol: the paper's trainer.test_freq; the evaluation after N iterations "
+        metadata={"help": "Paper protocol: the paper's trainer.test_freq; the evaluation after N iterations "
                           "plays the game draw of round ceil(N / test_freq) (round 0 before training)."},
     )
     warmup_episodes: int = field(
@@ -246,19 +247,16 @@ def _arrange_help(parser, fixed_env: bool, shown_defaults: dict) -> None:
 
 
 def env_factory(job: JobArguments):
-    """A picklable zero-argument factory for the job's environment."""
-    from .envs import get_env_class
-    from .envs.base import check_protocol
+    """A picklable zero-argument factory for the job's environment: the class registered as ``job.env`` under
+    ``job.protocol`` (:func:`gigpo_trl.envs.registry.get_env_class`), with ``data_dir`` when given.
 
-    cls = get_env_class(job.env)
+    Raises:
+        ValueError: unknown protocol or environment, or an environment the protocol does not cover.
+    """
+    from .envs.registry import get_env_class
+
+    cls = get_env_class(job.env, job.protocol)
     kwargs = {"data_dir": job.data_dir} if job.data_dir else {}
-    if check_protocol(job.protocol) != "gigpo-trl":
-        import inspect
-
-        if "protocol" not in inspect.signature(cls).parameters:
-            raise ValueError(f"--protocol {job.protocol!r}: the {job.env!r} environment has only the 'gigpo-trl' "
-                             "protocol (the paper's code covers alfworld, webshop and sokoban)")
-        kwargs["protocol"] = job.protocol
     return functools.partial(cls, **kwargs) if kwargs else cls
 
 
@@ -318,7 +316,7 @@ def check_output_dir(job: JobArguments, args) -> None:
 
 
 def paper_eval_round(iterations: int, test_freq: int = 5) -> int:
-    """Which validation of a verl-agent run follows ``iterations`` training iterations: verl validates before
+    """Which validation of the paper's training run follows ``iterations`` training iterations: verl validates before
     training (round 0), every ``test_freq`` iterations and after the last one, so ``ceil(iterations / test_freq)``.
 
     Raises:
@@ -358,48 +356,63 @@ class _IterationPrinter(TrainerCallback):
                   f"loss {logs.get('loss', float('nan')):.4f}", flush=True)
 
 
-def run(job: JobArguments, args, model_args) -> int:
-    """Run the job; returns the process exit code (0, or 1 when only the Hub push failed).
+@contextlib.contextmanager
+def overridden(args, **values):
+    """Set the fields ``values`` of ``args`` for the ``with`` block, then restore them (also on error)."""
+    saved = {name: getattr(args, name) for name in values}
+    for name, value in values.items():
+        setattr(args, name, value)
+    try:
+        yield args
+    finally:
+        for name, value in saved.items():
+            setattr(args, name, value)
+
+
+def load_base_model(model_args) -> tuple[str, str | None, object]:
+    """``(base model path, its Hub id or None, tokenizer)``; one process converts the default model, the others
+    wait.
 
     Raises:
-        FileExistsError: ``output_dir`` already holds files (see :func:`check_output_dir`).
-        FileNotFoundError: the model path is neither a folder nor a Hub id; a data file is missing.
-        OSError: the model could not be loaded (not cached and no Hub access).
-        ValueError, TypeError, RuntimeError: as ``GiGPOTrainer`` raises them (docs/errors.md).
+        FileNotFoundError: the model path is neither a folder nor a Hub id.
+        OSError: the tokenizer could not be loaded (the message names the model).
     """
-    from peft import PeftModel
-    from trl import get_peft_config
-
-    from .models import hub_model_id, resolve_model_path
-    from .trainer import GiGPOTrainer
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    started = time.perf_counter()
-    check_output_dir(job, args)  # before any model time is spent
-    if job.warmup_episodes > 0 and not job.eval_only:  # an environment without an expert: before any model too
-        from .warmup import check_expert
-
-        check_expert(env_factory(job)())
     from accelerate import PartialState
-
-    with PartialState().local_main_process_first():  # one process converts the default model, the others wait
-        base_model = resolve_model_path(model_args.model_name_or_path)
-    hub_id = hub_model_id(model_args.model_name_or_path or base_model)
-    push, args.push_to_hub = args.push_to_hub, False  # we push ourselves, after saving locally
-    args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": model_args.dtype or "auto"}
     from transformers import AutoTokenizer
 
+    from .models import hub_model_id, resolve_model_path
+
+    with PartialState().local_main_process_first():
+        base_model = resolve_model_path(model_args.model_name_or_path)
+    hub_id = hub_model_id(model_args.model_name_or_path or base_model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_model, padding_side="left")
     except OSError as exc:  # a Hub id that is not cached here and cannot be downloaded, a folder without a tokenizer
         reason = " ".join(str(exc).split())
         raise OSError(f"could not load the model {base_model!r} given by --model_name_or_path: {reason}") from exc
+    return base_model, hub_id, tokenizer
+
+
+def load_tasks(job: JobArguments):
+    """``(env factory, probe env, train dataset, eval dataset)``: the job's environment and its task splits
+    (``--num_train_tasks`` keeps the first N training tasks)."""
     factory = env_factory(job)
     probe = factory()
     train_dataset = probe.tasks("train")
     if job.num_train_tasks is not None:
         train_dataset = train_dataset.select(range(min(job.num_train_tasks, len(train_dataset))))
-    eval_dataset = probe.tasks("eval")
+    return factory, probe, train_dataset, probe.tasks("eval")
+
+
+def build_trainer(job: JobArguments, args, model_args, base_model: str, tokenizer, factory, train_dataset,
+                  eval_dataset):
+    """``(trainer, peft_config, iteration printer)``: LoRA from ``model_args`` unless evaluating only; an
+    ``--adapter_path`` is loaded onto the base model."""
+    from peft import PeftModel
+    from trl import get_peft_config
+
+    from .trainer import GiGPOTrainer
+
     model = base_model
     peft_config = None if job.eval_only else get_peft_config(model_args)
     if job.adapter_path:
@@ -411,90 +424,99 @@ def run(job: JobArguments, args, model_args) -> int:
     printer = _IterationPrinter(enabled=False)
     trainer = GiGPOTrainer(model, env=factory, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                            processing_class=tokenizer, peft_config=peft_config, callbacks=[printer])
-    main = trainer.accelerator.is_main_process
-    printer.enabled = main
-    results: dict = {"model": hub_id or base_model, "env": job.env, "adapter": job.adapter_path}
+    printer.enabled = trainer.accelerator.is_main_process
+    return trainer, peft_config
 
-    paper_eval = job.protocol == "verl-agent" and hasattr(probe, "paper_eval_tasks")
 
-    def evaluate(when: str, iterations: int = 0) -> None:
-        metrics = _strip(trainer.evaluate(metric_key_prefix=f"eval_{when}"), f"eval_{when}")
-        results[when] = metrics
-        if main:
-            per_type = {k.split("/", 1)[1]: round(v, 3) for k, v in metrics.items() if k.startswith("success_rate/")}
-            how = (f" (deterministic protocol: every task of the eval split once, temperature {args.eval_temperature})"
-                   if paper_eval else "")
-            score = f"; task score {metrics['task_score']:.3f}" if "task_score" in metrics else ""
-            print(f"[gigpo] success rate {when}{how}: {metrics['success_rate']:.3f} over "
-                  f"{int(metrics['num_tasks'])} tasks{score}; per task type: {per_type}", flush=True)
-        if paper_eval:  # the paper's protocol too: its episode draw, sampled at its temperature
-            eval_round = paper_eval_round(iterations, job.paper_test_freq)
-            dataset = probe.paper_eval_tasks(num_episodes=job.paper_eval_episodes, seed=job.paper_eval_seed,
-                                             eval_round=eval_round)
-            saved = args.eval_temperature, args.eval_max_tasks
-            args.eval_temperature, args.eval_max_tasks = job.paper_eval_temperature, None
-            try:
-                paper = _strip(trainer.evaluate(dataset, metric_key_prefix=f"eval_{when}_paper"),
-                               f"eval_{when}_paper")
-            finally:
-                args.eval_temperature, args.eval_max_tasks = saved
-            paper["eval_round"] = eval_round
-            results[f"{when}_paper"] = paper
-            if main:
-                score = f"; task score {paper['task_score']:.3f}" if "task_score" in paper else ""
-                print(f"[gigpo] success rate {when} (paper protocol: {job.paper_eval_episodes} episodes drawn as "
-                      f"verl-agent's eval workers do, round {eval_round}, temperature {job.paper_eval_temperature}): "
-                      f"{paper['success_rate']:.3f} over {int(paper['num_tasks'])} episodes{score}", flush=True)
-
-    if job.eval_only:
-        evaluate("eval")
-    else:
-        if job.eval_before:
-            evaluate("before")
-        if job.warmup_episodes > 0:
-            results["warmup"] = _warm_up(trainer, job, main)
-            evaluate("after_warmup")
-        trainer.train()
-        # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
-        # micro-steps, an optimizer step gradient_accumulation_steps of them.
-        micro_steps = trainer.state.global_step * args.gradient_accumulation_steps
-        evaluate("after", iterations=-(-micro_steps // (args.steps_per_generation * args.num_iterations)))
-        trainer.save_model(args.output_dir)
-    results["wall_seconds"] = time.perf_counter() - started
-    code = 0
+def evaluate(trainer, job: JobArguments, probe, when: str, iterations: int = 0) -> dict:
+    """``{when: metrics}`` of the eval split (the trainer's deterministic evaluation) and, for an environment with
+    the paper's evaluation draw (``paper_eval_tasks``), ``{when + "_paper": metrics}`` of that draw for validation
+    round :func:`paper_eval_round` ``(iterations)``, sampled at ``--paper_eval_temperature``. Prints one line per
+    evaluation on the main process."""
+    args, main = trainer.args, trainer.accelerator.is_main_process
+    paper_eval = hasattr(probe, "paper_eval_tasks")
+    metrics = _strip(trainer.evaluate(metric_key_prefix=f"eval_{when}"), f"eval_{when}")
+    results = {when: metrics}
     if main:
-        out = Path(job.eval_json or Path(args.output_dir) / "eval_results.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2, default=str))
-        print(f"[gigpo] evaluation written to {out}", flush=True)
-        if not job.eval_only:
-            card = model_card(hub_id, job, args, results, local_name=Path(base_model).name,
-                              lora=peft_config is not None)
-            Path(args.output_dir, "README.md").write_text(card)
-            saved = "adapter" if peft_config is not None else "model"
-            print(f"[gigpo] {saved} and model card saved in {args.output_dir}", flush=True)
-            print_phase_table(results)
-            if push:
-                repo_id = args.hub_model_id or Path(args.output_dir).name
-                try:
-                    push_adapter(args.output_dir, repo_id, args.hub_token)
-                    print(f"[gigpo] pushed to the Hub: {repo_id}", flush=True)
-                except Exception as exc:  # no network, no token, ...: say so once, keep the local files
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    print(f"[gigpo] push to the Hub failed ({type(exc).__name__}: {reason}); the adapter and model "
-                          f"card are saved in {args.output_dir}", file=sys.stderr, flush=True)
-                    code = 1
-        print(f"[gigpo] done in {results['wall_seconds']:.0f} s", flush=True)
-    trainer.accelerator.end_training()  # trackers, and the process group under several processes
-    return code
+        per_type = {k.split("/", 1)[1]: round(v, 3) for k, v in metrics.items() if k.startswith("success_rate/")}
+        how = (f" (deterministic protocol: every task of the eval split once, temperature {args.eval_temperature})"
+               if paper_eval else "")
+        score = f"; task score {metrics['task_score']:.3f}" if "task_score" in metrics else ""
+        print(f"[gigpo] success rate {when}{how}: {metrics['success_rate']:.3f} over "
+              f"{int(metrics['num_tasks'])} tasks{score}; per task type: {per_type}", flush=True)
+    if not paper_eval:
+        return results
+    eval_round = paper_eval_round(iterations, job.paper_test_freq)
+    dataset = probe.paper_eval_tasks(num_episodes=job.paper_eval_episodes, seed=job.paper_eval_seed,
+                                     eval_round=eval_round)
+    with overridden(args, eval_temperature=job.paper_eval_temperature, eval_max_tasks=None):
+        paper = _strip(trainer.evaluate(dataset, metric_key_prefix=f"eval_{when}_paper"), f"eval_{when}_paper")
+    paper["eval_round"] = eval_round
+    results[f"{when}_paper"] = paper
+    if main:
+        score = f"; task score {paper['task_score']:.3f}" if "task_score" in paper else ""
+        print(f"[gigpo] success rate {when} (paper protocol: {job.paper_eval_episodes} episodes {probe.eval_draw}, "
+              f"round {eval_round}, temperature {job.paper_eval_temperature}): "
+              f"{paper['success_rate']:.3f} over {int(paper['num_tasks'])} episodes{score}", flush=True)
+    return results
 
 
-def _warm_up(trainer, job: JobArguments, main: bool) -> dict:
+def train_and_evaluate(trainer, job: JobArguments, probe) -> dict:
+    """The job's evaluations and training: ``--eval_only`` evaluates once (``"eval"``); otherwise evaluate
+    (``"before"``, unless ``--eval_before false``), warm up and evaluate (``"after_warmup"``, with
+    ``--warmup_episodes`` > 0), train, evaluate (``"after"``) and save the model."""
+    if job.eval_only:
+        return evaluate(trainer, job, probe, "eval")
+    results = evaluate(trainer, job, probe, "before") if job.eval_before else {}
+    if job.warmup_episodes > 0:
+        results["warmup"] = warm_up(trainer, job)
+        results.update(evaluate(trainer, job, probe, "after_warmup"))
+    trainer.train()
+    # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
+    # micro-steps, an optimizer step gradient_accumulation_steps of them.
+    args = trainer.args
+    micro_steps = trainer.state.global_step * args.gradient_accumulation_steps
+    results.update(evaluate(trainer, job, probe, "after",
+                            iterations=-(-micro_steps // (args.steps_per_generation * args.num_iterations))))
+    trainer.save_model(args.output_dir)
+    return results
+
+
+def write_outputs(job: JobArguments, args, results: dict, hub_id: str | None, base_model: str, lora: bool,
+                  push: bool) -> int:
+    """Write the evaluation JSON and (after training) the model card, and push to the Hub when asked; returns the
+    exit code: 0, or 1 when only the push failed (the local files are kept)."""
+    out = Path(job.eval_json or Path(args.output_dir) / "eval_results.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"[gigpo] evaluation written to {out}", flush=True)
+    if job.eval_only:
+        return 0
+    card = model_card(hub_id, job, args, results, local_name=Path(base_model).name, lora=lora)
+    Path(args.output_dir, "README.md").write_text(card)
+    print(f"[gigpo] {'adapter' if lora else 'model'} and model card saved in {args.output_dir}", flush=True)
+    if not push:
+        return 0
+    repo_id = args.hub_model_id or Path(args.output_dir).name
+    try:
+        push_adapter(args.output_dir, repo_id, args.hub_token)
+    except Exception as exc:  # no network, no token, ...: say so once, keep the local files
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"[gigpo] push to the Hub failed ({type(exc).__name__}: {reason}); the adapter and model "
+              f"card are saved in {args.output_dir}", file=sys.stderr, flush=True)
+        return 1
+    print(f"[gigpo] pushed to the Hub: {repo_id}", flush=True)
+    return 0
+
+
+def warm_up(trainer, job: JobArguments) -> dict:
+    """The expert warm-up (:func:`gigpo_trl.warmup.expert_warmup`) with the job's ``--warmup_*`` sizes; prints one
+    line on the main process and returns the warm-up's statistics (they go to the evaluation JSON as ``"warmup"``)."""
     from .warmup import expert_warmup
 
     stats = expert_warmup(trainer, episodes=job.warmup_episodes, epochs=job.warmup_epochs,
                           learning_rate=job.warmup_learning_rate, perturb_rate=job.warmup_perturb_rate)
-    if main:
+    if trainer.accelerator.is_main_process:
         print(f"[gigpo] warm-up: {stats['rows']} demonstration rows from {stats['episodes']} expert episodes "
               f"(expert success {stats['success_rate']:.3f}), {stats['sft_steps']} SFT steps, loss "
               f"{stats['train_loss']:.4f}, {stats['seconds']:.0f} s", flush=True)
@@ -524,6 +546,44 @@ def print_phase_table(results: dict) -> None:
             d, low, high = two_proportion_interval(round(m1["success_rate"] * n1), n1, round(m2["success_rate"] * n2), n2)
             print(f"[gigpo] success {name1} - {name2}: {d:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}] "
                   "(two proportions, Newcombe)", flush=True)
+
+
+def run(job: JobArguments, args, model_args) -> int:
+    """Run the job; returns the process exit code (0, or 1 when only the Hub push failed).
+
+    Phases: check the output folder, load the base model, load the tasks, build the trainer, evaluate / train /
+    evaluate, write the results (and push). ``args.push_to_hub`` is turned off (the job pushes itself, after saving
+    locally) and ``args.model_init_kwargs`` gets ``model_args.dtype``.
+
+    Raises:
+        FileExistsError: ``output_dir`` already holds files (see :func:`check_output_dir`).
+        FileNotFoundError: the model path is neither a folder nor a Hub id; a data file is missing.
+        OSError: the model could not be loaded (not cached and no Hub access).
+        ValueError, TypeError, RuntimeError: as ``GiGPOTrainer`` raises them (docs/errors.md).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    started = time.perf_counter()
+    check_output_dir(job, args)  # before any model time is spent
+    if job.warmup_episodes > 0 and not job.eval_only:  # an environment without an expert: before any model too
+        from .warmup import check_expert
+
+        check_expert(env_factory(job)())
+    base_model, hub_id, tokenizer = load_base_model(model_args)
+    push, args.push_to_hub = args.push_to_hub, False
+    args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": model_args.dtype or "auto"}
+    factory, probe, train_dataset, eval_dataset = load_tasks(job)
+    trainer, peft_config = build_trainer(job, args, model_args, base_model, tokenizer, factory, train_dataset,
+                                         eval_dataset)
+    results: dict = {"model": hub_id or base_model, "env": job.env, "adapter": job.adapter_path}
+    results.update(train_and_evaluate(trainer, job, probe))
+    results["wall_seconds"] = time.perf_counter() - started
+    code = 0
+    if trainer.accelerator.is_main_process:
+        code = write_outputs(job, args, results, hub_id, base_model, lora=peft_config is not None, push=push)
+        print_phase_table(results)
+        print(f"[gigpo] done in {results['wall_seconds']:.0f} s", flush=True)
+    trainer.accelerator.end_training()  # trackers, and the process group under several processes
+    return code
 
 
 DEBUG_ENV = "GIGPO_DEBUG"
@@ -557,5 +617,7 @@ def main(env: str, argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-__all__ = ["EXAMPLE_DEFAULTS", "PHASES", "JobArguments", "print_phase_table", "build_parser", "check_output_dir", "env_factory", "error_line", "main",
-           "model_card", "paper_eval_round", "push_adapter", "run"]
+__all__ = ["EXAMPLE_DEFAULTS", "PHASES", "JobArguments", "build_parser", "build_trainer", "check_output_dir",
+           "env_factory", "error_line", "evaluate", "load_base_model", "load_tasks", "main", "model_card", "overridden",
+           "paper_eval_round", "print_phase_table", "push_adapter", "run", "train_and_evaluate", "warm_up",
+           "write_outputs"]

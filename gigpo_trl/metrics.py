@@ -102,6 +102,41 @@ def level_metrics(level_group_ids: np.ndarray, prefix: str = "anchor") -> dict[s
     return out
 
 
+#: Buckets of :func:`graph_metrics`' distance histogram (transitions to success; ``None``: open end).
+DISTANCE_BUCKETS = ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, None))
+
+
+def graph_metrics(next_state_distances, anchor_reaches_success, anchor_group_ids,
+                  prefix: str = "graph") -> dict[str, float]:
+    """GraphGPO's transition graphs (arXiv 2605.26684): ``{prefix}/states_reaching_success`` (fraction of the
+    distinct anchor states, one per step group, with a path to success in their task group's graph),
+    ``…/rows_reaching_success`` (fraction of rows whose action led to such a state or to success),
+    ``…/next_distance_mean`` (over those rows; absent when there are none) and the histogram ``…/next_distance_hist/<d>`` (fraction of all
+    rows per distance bucket, ``DISTANCE_BUCKETS``; ``none``: no path, the return of the group's largest
+    distance + 1).
+
+    Inputs ``(R,)``: ``next_state_distances`` int (``-1``: no path), ``anchor_reaches_success`` bool,
+    ``anchor_group_ids`` int (the step group of each row), as in ``AdvantageResult``.
+    """
+    d = np.asarray(next_state_distances)
+    if d.size == 0:
+        return {}
+    _, first = np.unique(np.asarray(anchor_group_ids), return_index=True)
+    reached = d >= 0
+    out = {
+        f"{prefix}/states_reaching_success": float(np.asarray(anchor_reaches_success)[first].mean()),
+        f"{prefix}/rows_reaching_success": float(reached.mean()),
+    }
+    if reached.any():
+        out[f"{prefix}/next_distance_mean"] = float(d[reached].mean())
+    for lo, hi in DISTANCE_BUCKETS:
+        in_bucket = (d >= lo) & (d <= hi if hi is not None else True)
+        label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi is not None else f"{lo}+")
+        out[f"{prefix}/next_distance_hist/{label}"] = float(in_bucket.mean())
+    out[f"{prefix}/next_distance_hist/none"] = float((~reached).mean())
+    return out
+
+
 def completion_metrics(
     lengths: Sequence[int], clipped: Sequence[bool], prefix: str = "completions"
 ) -> dict[str, float]:

@@ -6,7 +6,7 @@ Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
    pairs, current observation, admissible actions) — :mod:`gigpo_trl.prompts`;
 2. generate for all active environments in ONE batched call (``generate_fn``, in the trainer TRL's own
    ``_generate_single_turn``, so transformers, vLLM colocate and vLLM server all work);
-3. parse ``<think>…</think><action>…</action>`` — :mod:`gigpo_trl.parsing`;
+3. parse ``<think>…</think><action>…</action>`` (or the env's ``parse_completion``) — :mod:`gigpo_trl.parsing`;
 4. step the environments through an :class:`~gigpo_trl.envs.pool.EnvPool`.
 
 A trajectory ends at ``done``, at ``max_turns`` (truncation, treated as terminal by the advantage), or when
@@ -50,13 +50,14 @@ class StepRow:
     task_type: str | None = None
     completion_text: str = ""
     prompt_messages: list[dict] | None = None
+    next_anchor_state: Hashable = None  # anchor of the observation the action returned (GraphGPO's transition)
 
 
 def advantage_keys(rows: list[StepRow]) -> list[tuple]:
     """What the advantage estimator reads of each row, small and picklable (gathered across ranks):
-    ``(group_id, trajectory_id, anchor_state, reward, action_valid)`` per row (HGPO's contexts are derived from the
-    anchors and the turn order, so nothing more is needed)."""
-    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid) for r in rows]
+    ``(group_id, trajectory_id, anchor_state, reward, action_valid, next_anchor_state)`` per row (HGPO's contexts
+    are derived from the anchors and the turn order; GraphGPO's graph needs the next anchors)."""
+    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.next_anchor_state) for r in rows]
 
 
 @dataclass
@@ -370,18 +371,15 @@ class RolloutCollector:
         return completion_ids, logprobs, texts
 
     def _parse_actions(self, states, active, prompts, completion_ids, logprobs, texts, batch: RolloutBatch):
-        """Each completion's action: the env's own ``parse_completion`` if it has one (tool calls), else
-        :func:`parse_for_env` (the env's protocol; under ``"gigpo-trl"`` an unparsable completion gets the env's
-        ``invalid_action`` or the text's tail, as the GiGPO reference does). Returns ``(pending, actions)``: per state index its turn's
+        """Each completion's action (:func:`parse_for_env`): the env's own ``parse_completion`` if it has one (tool
+        calls, the paper's projection), else ``<think>/<action>`` parsing where an unparsable completion gets the
+        env's ``invalid_action`` or the text's tail, as the GiGPO reference does. Returns ``(pending, actions)``: per state index its turn's
         ``(messages, prompt ids, completion ids, log-probs, text, parsed)``, and per pool ``{slot: action}``."""
         actions: dict[str, dict[int, str]] = {}
         pending = {}
         for n, i in enumerate(active):
             st = states[i]
-            template = self._templates[st["key"]]
-            parse_hook = getattr(template, "parse_completion", None)  # e.g. tool calls
-            parsed = (parse_hook(texts[n]) if parse_hook is not None
-                      else parse_for_env(template, texts[n], require_think=self.require_think))
+            parsed = parse_for_env(self._templates[st["key"]], texts[n], require_think=self.require_think)
             prompt_ids = prompts[n][1]
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids))
             pending[i] = (prompts[n][0], prompt_ids, completion_ids[n],
@@ -411,7 +409,7 @@ class RolloutCollector:
                 prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
                 trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
                 reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
-                completion_text=text, prompt_messages=messages,
+                completion_text=text, prompt_messages=messages, next_anchor_state=res.anchor,
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)

@@ -40,7 +40,7 @@ from .checks import (check_budget_aux_loss, check_first_prompt, check_task_datas
                      env_reward, max_prompt_length, resolve_envs)
 from .config import GiGPOConfig
 from .memory import warn_if_budget_exceeds_memory
-from .metrics import anchor_metrics, completion_metrics, episode_metrics, level_metrics
+from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
 from .dynamic_sampling import DynamicSamplingMixin
 from .generation import GenerationContextMixin
 from .numerics import DeepSpeedStepGuard, ExactOnPolicyRatioMixin, install_mask_positions
@@ -259,7 +259,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
     def _advantages(self, keys: list[tuple]):
         """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples
         (all ranks' rows, in order), with this config's estimator settings."""
-        groups, trajs, anchors, rewards, valid = zip(*keys)
+        groups, trajs, anchors, rewards, valid, next_anchors = zip(*keys)
         return compute_gigpo_advantages(
             rewards=np.asarray(rewards, dtype=np.float64),
             group_ids=list(groups),
@@ -276,6 +276,9 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             hierarchy_depth=self.args.hierarchy_depth,
             hierarchy_alpha=self.args.hierarchy_alpha,
             hierarchy_base_group=self.args.hierarchy_base_group,
+            step_return=self.args.step_return,
+            next_anchor_states=list(next_anchors),
+            graph_normalize_distance=self.args.graph_normalize_distance,
         )
 
     # ------------------------------------------------------------------ batch
@@ -374,6 +377,9 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, VLLMSamplingMixin, Dynamic
             metrics.update(anchor_metrics(result.anchor_group_ids))
             if self.args.step_grouping == "hierarchical":
                 metrics.update(level_metrics(result.level_group_ids))
+            if result.next_state_distances is not None:
+                metrics.update(graph_metrics(result.next_state_distances, result.anchor_reaches_success,
+                                             result.anchor_group_ids))
         lengths = [len(r.completion_ids) for r in rows]
         totals = torch.tensor(
             [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device

@@ -1,4 +1,4 @@
-"""The one place that touches private attributes of TRL, transformers and accelerate (and of argparse).
+"""The one place that touches private attributes of TRL, transformers and accelerate (and of argparse and TextWorld).
 
 Every other module of the package goes through the functions below, so a TRL release means reading this file and
 running ``tests/test_trl_compat.py``: each private name has a contract test there that fails with the name and the
@@ -45,6 +45,9 @@ TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_for
 ``ArgumentParser._optionals._group_actions``                 r/w       ``test_argparse_privates``
 ``ArgumentParser._option_string_actions``                    write     ``test_argparse_privates``
 ``_ArgumentGroup._group_actions``                            write     ``test_argparse_privates``
+TextWorld ``textgen._parse_and_convert``                      r/w       ``test_textworld_textgen_privates``
+TextWorld ``textgen._PARSER.parse``                          call      ``test_textworld_textgen_privates``
+TextWorld ``textgen._Converter().walk(tree)``                call      ``test_textworld_textgen_privates``
 =========================================================  ========  =============================================
 
 ``test_no_private_library_attribute_outside_compat`` checks that no other module of the package names one of these
@@ -266,3 +269,29 @@ def add_actions_to_group(group, actions: list) -> None:
     """Show existing ``actions`` under ``group``'s heading in ``--help``. Relies on
     ``_ArgumentGroup._group_actions`` (what ``format_help`` lists per group)."""
     group._group_actions.extend(actions)
+
+
+# ---------------------------------------------------------------- TextWorld text generation (ALFWorld's engine)
+def textgen_parse_and_convert(textgen):
+    """TextWorld's grammar-string reader, ``textgen._parse_and_convert(text, rule_name=..., **kwargs)`` -> a list of
+    fresh symbol objects (``textgen`` is ``textworld.envs.pddl.textgen``); what ALFWorld's feedback and admissible
+    commands are derived through, every step."""
+    return textgen._parse_and_convert
+
+
+def textgen_parse(textgen):
+    """``textgen._PARSER.parse(text, rule_name=...)``: the tatsu PEG parse tree of a grammar string, a pure function
+    of ``(text, rule_name)`` that :func:`textgen_converter`'s ``walk`` reads without changing it."""
+    return textgen._PARSER.parse
+
+
+def textgen_converter(textgen):
+    """``textgen._Converter``: the class whose ``walk(tree)`` turns a parse tree into fresh symbol objects (a new
+    object per call: derivations mutate them)."""
+    return textgen._Converter
+
+
+def set_textgen_parse_and_convert(textgen, fn) -> None:
+    """Replace ``textgen._parse_and_convert`` (module global that ``ContextSensitiveGrammar`` calls by name) with
+    ``fn``, which must take the same arguments and return the same symbols."""
+    textgen._parse_and_convert = fn

@@ -1,4 +1,4 @@
-"""protocol="verl-agent": the paper's projection, prompt layout, anchors, validity and evaluation draw.
+"""protocol="verl-agent" (gigpo_trl/envs/verl_agent/): the paper's projection, prompt layout, anchors, validity and evaluation draw.
 
 Expected values are derived by hand from verl-agent's code (agent_system/environments/env_package/*/projection.py,
 env_manager.py, memory/memory.py, env_package/alfworld/envs.py) and TextWorld's game cycling
@@ -11,14 +11,16 @@ import pickle
 
 import pytest
 
-from gigpo_trl.envs.base import PROTOCOLS, check_protocol
-from gigpo_trl.parsing import ParsedAction, parse_action
-from gigpo_trl.prompts import (
-    build_messages,
+from gigpo_trl.envs.base import ParsedAction
+from gigpo_trl.envs.registry import PROTOCOLS, check_protocol, get_env_class, make_env
+from gigpo_trl.envs.verl_agent.projection import project
+from gigpo_trl.envs.verl_agent.prompts import (
     build_verl_agent_prompt,
     format_admissible_verl_agent,
     format_verl_agent_history,
 )
+from gigpo_trl.parsing import parse_action
+from gigpo_trl.prompts import build_messages
 
 T = "<think>ok</think>"
 DIGITS = "0123456789"
@@ -87,37 +89,37 @@ SOKOBAN = [
 
 @pytest.mark.parametrize("text, action, valid", ALFWORLD)
 def test_alfworld_projection(text, action, valid):
-    out = parse_action(text, protocol="verl-agent", env="alfworld")
+    out = project(text, "alfworld")
     assert out == (action, valid) and (out.action, out.valid) == (action, valid)
     assert out.history_action == action
 
 
 @pytest.mark.parametrize("text, action, valid", WEBSHOP)
 def test_webshop_projection(text, action, valid):
-    assert parse_action(text, protocol="verl-agent", env="webshop") == (action, valid)
+    assert project(text, "webshop") == (action, valid)
 
 
 @pytest.mark.parametrize("text, action_id, valid, name", SOKOBAN)
 def test_sokoban_projection(text, action_id, valid, name):
-    out = parse_action(text, protocol="verl-agent", env="sokoban")
+    out = project(text, "sokoban")
     assert out == (action_id, valid) and out.history_action == name
 
 
 def test_tail_length_differs_by_env():
     text = "I would go to the countertop 2 and take the apple 1"
-    assert parse_action(text, protocol="verl-agent", env="alfworld") == ("ntertop 2 and take the apple 1", False)
-    assert parse_action(text, protocol="verl-agent", env="webshop") == ("and take the apple 1", False)
+    assert project(text, "alfworld") == ("ntertop 2 and take the apple 1", False)
+    assert project(text, "webshop") == ("and take the apple 1", False)
 
 
 def test_parse_action_protocol_errors_and_pair_behaviour():
     with pytest.raises(ValueError, match=r"protocol='paper' is not one of \['gigpo-trl', 'verl-agent'\]"):
-        parse_action("x", protocol="paper")
+        get_env_class("alfworld", protocol="paper")
     with pytest.raises(ValueError, match="env= one of"):
-        parse_action("x", protocol="verl-agent", env="frozenlake")
+        project("x", "frozenlake")
     with pytest.raises(TypeError, match="completion as str"):
-        parse_action(None, protocol="verl-agent", env="alfworld")
+        project(None, "alfworld")
     assert PROTOCOLS == ("gigpo-trl", "verl-agent") and check_protocol("verl-agent") == "verl-agent"
-    action, valid = parse_action(T + "<action>look</action>", protocol="verl-agent", env="alfworld")
+    action, valid = project(T + "<action>look</action>", "alfworld")
     assert (action, valid) == ("look", True)
     ours = parse_action("<think>x</think><action>a</action><action>b</action>")
     assert ours == ("b", False) and ours.reason == "multiple_actions"  # our own rule is unchanged
@@ -152,9 +154,9 @@ OBS0 = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room.
 
 
 def _alfworld_env():
-    from gigpo_trl.envs.alfworld import ALFWorldEnv
+    from gigpo_trl.envs.verl_agent.alfworld import PaperALFWorldEnv
 
-    return ALFWorldEnv(data_dir="builtin", protocol="verl-agent")
+    return PaperALFWorldEnv(data_dir="builtin")
 
 
 def test_alfworld_prompt_turn_0():
@@ -192,11 +194,12 @@ def test_alfworld_prompt_turn_3():
 
 def test_user_templates_verbatim_and_placeholder_error():
     from gigpo_trl.envs.alfworld import ALFWorldEnv
+    from gigpo_trl.envs.verl_agent.alfworld import PaperALFWorldEnv
 
-    env = ALFWorldEnv(data_dir="builtin", protocol="verl-agent",
-                      first_prompt_template="S0 {observation} [{admissible_actions}]",
-                      prompt_template="T={task} n={step_count} k={history_length} ({history}) now {current_step}: "
-                                      "{observation}")
+    env = PaperALFWorldEnv(data_dir="builtin",
+                           first_prompt_template="S0 {observation} [{admissible_actions}]",
+                           prompt_template="T={task} n={step_count} k={history_length} ({history}) now {current_step}: "
+                                           "{observation}")
     assert build_messages(env, "t", "o", [], 0, 50, ["a", "b"])[0]["content"] == "S0 o ['a'\n 'b']"
     assert build_messages(env, "t", "o9", [("o8", "x")], 9, 50, ["a"])[0]["content"] == (
         "T=t n=9 k=1 ([Observation 9: 'o8', Action 9: 'x']) now 10: o9")
@@ -209,17 +212,15 @@ def test_user_templates_verbatim_and_placeholder_error():
 @pytest.mark.parametrize("env_name", ["alfworld", "sokoban", "webshop"])
 def test_first_prompt_template_without_verl_agent_is_refused(env_name):
     # only verl-agent has a first-step template; under gigpo-trl every env refuses one instead of ignoring it
-    from gigpo_trl.envs import get_env_class
-
     cls = get_env_class(env_name)
     kwargs = {"data_dir": "builtin"} if env_name == "alfworld" else {}
     with pytest.raises(ValueError, match=r"^first_prompt_template is a protocol='verl-agent' option \(its first-step "
                                          r"template\); got first_prompt_template='S0 \{observation\}' with "
                                          r"protocol='gigpo-trl'$"):
-        cls(first_prompt_template="S0 {observation}", **kwargs)
+        make_env(env_name, first_prompt_template="S0 {observation}", **kwargs)
     with pytest.raises(ValueError, match=r"protocol='gigpo-trl'$"):
-        cls(protocol="gigpo-trl", first_prompt_template="", **kwargs)  # an empty template is still a value
-    env = cls(protocol="verl-agent", first_prompt_template="S0 {observation}", **kwargs)
+        make_env(env_name, protocol="gigpo-trl", first_prompt_template="", **kwargs)  # an empty template is still a value
+    env = make_env(env_name, protocol="verl-agent", first_prompt_template="S0 {observation}", **kwargs)
     assert env.first_prompt_template == "S0 {observation}"
     assert not hasattr(cls(**kwargs), "first_prompt_template")  # none given, none under gigpo-trl
 
@@ -239,9 +240,9 @@ def test_max_prompt_chars_falls_back_to_the_first_step_template():
 
 # ------------------------------------------------------------------------------------------------------ Sokoban
 def test_sokoban_paper_env_rewards_rendering_and_ids():
-    from gigpo_trl.envs.sokoban import SokobanEnv, paper_eval_seeds
+    from gigpo_trl.envs.verl_agent.sokoban import PaperSokobanEnv, paper_eval_seeds
 
-    env = SokobanEnv(protocol="verl-agent")
+    env = PaperSokobanEnv()
     obs, info = env.reset("# # # # # #\n# P X _ O #\n# # # # # #")
     assert obs == (" # \t # \t # \t # \t # \t # \t\n # \t P \t X \t _ \t O \t # \t\n # \t # \t # \t # \t # \t # \t")
     assert env.anchor_state(obs) == obs
@@ -256,7 +257,7 @@ def test_sokoban_paper_env_rewards_rendering_and_ids():
     with pytest.raises(ValueError, match="action id 0-4, got 7"):
         env.step(7)
     with pytest.raises(ValueError, match=r"protocol='paper' is not one of \['gigpo-trl', 'verl-agent'\]"):
-        SokobanEnv(protocol="paper")
+        make_env("sokoban", protocol="paper")
     # the paper's first validation draw: np.random.seed(0 + 1000); np.random.randint(2**16, 2**32 - 1, size=n)
     assert paper_eval_seeds(0, 3) == [2807211443, 882774615, 494016583]
     assert paper_eval_seeds(0, 2, eval_round=1) != paper_eval_seeds(0, 2)
@@ -264,7 +265,7 @@ def test_sokoban_paper_env_rewards_rendering_and_ids():
 
 def test_sokoban_rollout_under_verl_agent(tiny_tokenizer):
     """One user message per turn, history of id names numbered from the start, validity = projection bit."""
-    from gigpo_trl.envs.sokoban import SokobanEnv
+    from gigpo_trl.envs.verl_agent.sokoban import PaperSokobanEnv
     from gigpo_trl.rollout import RolloutCollector
 
     texts = iter([T + "<action>STILL</action>", "no tags", T + "<action>right</action>", T + "<action>right</action>"])
@@ -277,7 +278,7 @@ def test_sokoban_rollout_under_verl_agent(tiny_tokenizer):
 
     policy = lambda ids: ([tiny_tokenizer.encode(next(texts)) for _ in ids], None)  # noqa: E731
     level = "# # # # # #\n# P X _ O #\n# # # # # #"
-    collector = RolloutCollector({"s": lambda: SokobanEnv(protocol="verl-agent")}, generate_fn=policy, tokenize_fn=tok,
+    collector = RolloutCollector({"s": PaperSokobanEnv}, generate_fn=policy, tokenize_fn=tok,
                                  decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True),
                                  max_turns=4, history_length=2)
     batch = collector.collect([{"task": level, "seed": 0}], group_ids=["g"])
@@ -296,7 +297,7 @@ GAMES = [f"g{i}" for i in range(7)]
 
 def test_textworld_game_draw_matches_textworlds_own_cycle():
     """Worker seeded s plays TextWorld's shuffled cycle: its first pass, then reshuffles with the same generator."""
-    from gigpo_trl.envs.alfworld import textworld_game_draw
+    from gigpo_trl.envs.verl_agent.alfworld import textworld_game_draw
 
     expected = ["g1", "g3", "g2", "g4", "g0", "g6", "g5", "g1", "g4", "g6", "g2", "g3", "g5", "g0", "g6", "g1"]
     assert textworld_game_draw(GAMES, 1003, 16) == expected
@@ -310,7 +311,7 @@ def test_textworld_game_draw_matches_textworlds_own_cycle():
 
 
 def test_paper_eval_draw_for_a_fixed_seed():
-    from gigpo_trl.envs.alfworld import paper_eval_draw, textworld_game_draw
+    from gigpo_trl.envs.verl_agent.alfworld import paper_eval_draw, textworld_game_draw
 
     # worker i of the validation env is seeded 0 + 1000 + i and plays its game `eval_round` of its cycle
     assert paper_eval_draw(GAMES, seed=0, num_episodes=5) == ["g4", "g6", "g6", "g1", "g0"]
@@ -327,9 +328,10 @@ def test_paper_eval_draw_for_a_fixed_seed():
 
 def test_alfworld_paper_eval_tasks_on_the_bundled_games():
     """Offline there is no valid_seen: the paper's draw runs over the bundled eval games (sorted ids)."""
-    from gigpo_trl.envs.alfworld import ALFWorldEnv, load_offline_games, paper_eval_draw
+    from gigpo_trl.envs.alfworld import ALFWorldEnv, load_offline_games
+    from gigpo_trl.envs.verl_agent.alfworld import PaperALFWorldEnv, paper_eval_draw
 
-    env = ALFWorldEnv(data_dir="builtin", protocol="verl-agent")
+    env = PaperALFWorldEnv(data_dir="builtin")
     assert env.eval_split == "valid_seen" and env.paper_eval_split() == "eval"
     assert ALFWorldEnv(data_dir="builtin").eval_split == "valid_unseen"
     ids = [g["id"] for g in load_offline_games() if g["split"] == "eval"]
@@ -354,10 +356,10 @@ def test_paper_eval_round_follows_test_freq():
 
 def test_alfworld_env_under_verl_agent(tmp_path, monkeypatch):
     pytest.importorskip("alfworld")
-    from gigpo_trl.envs.alfworld import ALFWorldEnv
+    from gigpo_trl.envs.verl_agent.alfworld import PaperALFWorldEnv
 
     monkeypatch.setenv("GIGPO_CACHE", str(tmp_path))
-    env = ALFWorldEnv(data_dir="builtin", protocol="verl-agent")
+    env = PaperALFWorldEnv(data_dir="builtin")
     try:
         obs, info = env.reset("eval/024-pick_and_place_simple-FloorPlan406", 0)
         assert obs == ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "

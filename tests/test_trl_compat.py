@@ -486,8 +486,8 @@ LIBRARIES = ("trl", "transformers", "accelerate")
 def test_no_private_library_attribute_outside_compat():
     """Only trl_compat.py reads, calls or patches a private attribute of TRL / transformers / accelerate / argparse;
     the others may define the hooks in ``OVERRIDDEN_HOOKS`` and call ``super().<hook>`` inside them. Every module of
-    the package is scanned, subpackages included (``gigpo_trl/envs/``). Private names of other libraries (the
-    TextWorld / ALFWorld patches in ``envs/alfworld.py``) are outside this boundary."""
+    the package is scanned, subpackages included (``gigpo_trl/envs/``). TextWorld's private names are checked by
+    ``test_no_textworld_private_outside_compat``."""
     private = _library_private_names() - set(trl_compat.OVERRIDDEN_HOOKS) - {"_tag_names", "_name", "_paper"}
     offenders = []  # the package's own private names must not reuse a library's either: that would hide an access
     scanned = []
@@ -504,5 +504,43 @@ def test_no_private_library_attribute_outside_compat():
                 if any(n.startswith("_") and not n.startswith("__") for n in names):
                     offenders.append(f"{scanned[-1]}:{node.lineno} from {node.module} import "
                                      f"{', '.join(a.name for a in node.names)}")
-    assert {"job.py", "envs/base.py", "envs/webshop.py", "envs/alfworld.py"} <= set(scanned)  # subpackages too
+    assert {"job.py", "envs/base.py", "envs/webshop/env.py", "envs/alfworld.py"} <= set(scanned)  # subpackages too
     assert not offenders, f"private library attributes outside gigpo_trl/trl_compat.py: {offenders}"
+
+
+TEXTGEN_PRIVATES = ("_PARSER", "_Converter", "_parse_and_convert")
+
+
+def test_textworld_textgen_privates():
+    """envs/alfworld.py memoises TextWorld's grammar parse through trl_compat: the parse is a pure function of the
+    string, and ``_Converter().walk`` of one tree gives what ``_parse_and_convert`` gives, as new objects each call."""
+    textgen = pytest.importorskip("textworld.envs.pddl.textgen")
+    text = "You see a #obj#, and {o.name} here."
+    with contract("textworld textgen._PARSER.parse / textgen._Converter / textgen._parse_and_convert"):
+        parse = trl_compat.textgen_parse(textgen)
+        converter = trl_compat.textgen_converter(textgen)
+        tree = parse(text, rule_name="symbols")
+        first, second = converter().walk(tree), converter().walk(tree)
+        reference = trl_compat.textgen_parse_and_convert(textgen)(text, rule_name="symbols")
+        assert repr(first) == repr(second) == repr(reference)
+        assert [type(x).__name__ for x in first] == ["TerminalSymbol", "NonterminalSymbol", "TerminalSymbol",
+                                                     "ConditionalSymbol", "TerminalSymbol"]
+        assert all(a is not b for a, b in zip(first, second))  # fresh symbols: derivations may mutate them
+        original = trl_compat.textgen_parse_and_convert(textgen)
+        try:
+            trl_compat.set_textgen_parse_and_convert(textgen, "sentinel")
+            assert textgen._parse_and_convert == "sentinel"
+        finally:
+            trl_compat.set_textgen_parse_and_convert(textgen, original)
+
+
+def test_no_textworld_private_outside_compat():
+    """No module but trl_compat.py names a private attribute of TextWorld's text generation."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE) == Path("trl_compat.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in TEXTGEN_PRIVATES:
+                offenders.append(f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno} .{node.attr}")
+    assert not offenders, f"TextWorld private names outside gigpo_trl/trl_compat.py: {offenders}"

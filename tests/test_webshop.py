@@ -1,4 +1,4 @@
-"""Tests of the WebShop text environment (gigpo_trl/envs/webshop.py) and its bundled catalog."""
+"""Tests of the WebShop text environment (gigpo_trl/envs/webshop/) and its bundled catalog."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from gigpo_trl.envs.webshop import (
     BUNDLED_DIR,
     SUCCESS_REWARD,
     WebShopEnv,
-    _split_goals,
-    _Store,
     attribute_matched,
     get_store,
     goal_spec,
@@ -24,6 +22,8 @@ from gigpo_trl.envs.webshop import (
     normalize,
     webshop_score,
 )
+from gigpo_trl.envs.webshop.data import _split_goals
+from gigpo_trl.envs.webshop.search import _Store
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,5 @@
-"""WebShop under protocol="verl-agent" (gigpo_trl/envs/webshop_paper.py, PaperWebShopEnv): the paper's reward
-(WebShop goal.py get_reward), synthetic goals and split, pages, actions and search, on hand-built inputs and a
+"""WebShop under protocol="verl-agent" (gigpo_trl/envs/verl_agent/webshop_engine.py, PaperWebShopEnv): the paper's
+reward (WebShop goal.py get_reward), synthetic goals and split, pages, actions and search, on hand-built inputs and a
 small fixture in the real files' format."""
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import sys
 
 import pytest
 
-from gigpo_trl.envs import webshop_paper as paper
-from gigpo_trl.envs.base import PROTOCOLS, check_env, check_protocol
-from gigpo_trl.envs.webshop import PaperWebShopEnv, WebShopEnv, load_paper_dir, paper_reward
+from gigpo_trl.envs.base import check_env
+from gigpo_trl.envs.registry import PROTOCOLS, check_protocol, make_env
+from gigpo_trl.envs.verl_agent import webshop_engine as paper
+from gigpo_trl.envs.verl_agent.webshop import PaperWebShopEnv, load_paper_dir
+from gigpo_trl.envs.verl_agent.webshop_engine import paper_reward
+from gigpo_trl.envs.webshop import WebShopEnv
 from gigpo_trl.metrics import episode_metrics
 from gigpo_trl.rollout import TrajectoryRecord
 
@@ -276,7 +279,7 @@ def test_search_documents():
 # --------------------------------------------------------------------------------------- pages and actions
 @pytest.fixture()
 def env(data_dir):
-    return WebShopEnv(data_dir=str(data_dir), protocol="verl-agent", split="train", nlp=NLP)
+    return PaperWebShopEnv(data_dir=str(data_dir), split="train", nlp=NLP)
 
 
 def _mug_goal(env):
@@ -374,7 +377,7 @@ def test_not_buying_scores_zero_and_wrong_option(env):
 
 
 def test_bundled_catalog_under_verl_agent():
-    env = WebShopEnv(protocol="verl-agent")
+    env = make_env("webshop", protocol="verl-agent")
     assert isinstance(env, PaperWebShopEnv) and env.max_turns == 15
     check_env(env)
     assert (len(env.store.splits["train"]), len(env.store.splits["eval"])) == (1000, 200)
@@ -442,7 +445,7 @@ def test_paper_eval_tasks_on_the_real_files_format(env):
 
 
 def test_paper_eval_tasks_on_the_bundled_catalog():
-    env = WebShopEnv(protocol="verl-agent")  # 200 test goals: the same generator draws from range(200)
+    env = PaperWebShopEnv()  # 200 test goals: the same generator draws from range(200)
     tasks = env.paper_eval_tasks(num_episodes=3)
     assert tasks["task"] == ["eval-0118", "eval-0070", "eval-0163"]
     assert tasks["task_type"] == ["backpack", "shoes", "headphones"]
@@ -456,7 +459,7 @@ def test_paper_eval_tasks_on_the_bundled_catalog():
 def test_protocol_option():
     assert PROTOCOLS == ("gigpo-trl", "verl-agent") and check_protocol("verl-agent") == "verl-agent"
     with pytest.raises(ValueError, match=r"protocol='verl_agent' is not one of \['gigpo-trl', 'verl-agent'\]"):
-        WebShopEnv(protocol="verl_agent")
+        make_env("webshop", protocol="verl_agent")
     assert type(WebShopEnv()).__name__ == "WebShopEnv"
 
 
@@ -464,7 +467,7 @@ def test_protocol_option():
 # verl-agent env_manager.py WebshopEnvironmentManager.build_text_obs: one user message; the first-step template
 # (task, page, admissible list) at step 0; later: steps taken, k shown, history numbered from the episode start with
 # the projected action, current step; the admissible list `'a',\n'b',` between brackets; > 13,000 characters: the
-# first-step template. Our wording (gigpo_trl.envs.webshop.VERL_AGENT_*), the paper's structure.
+# first-step template. Our wording (gigpo_trl.envs.verl_agent.webshop.VERL_AGENT_*), the paper's structure.
 MUG_TASK = "a travel mug that keeps hot with size: 8 oz | 227g, and price lower than 50.00 dollars"
 ITEM_PAGE = ("'Back to Search' [SEP] '< Prev' [SEP] 'size' [SEP] '8 oz | 227g' [SEP] 'Travel Mug' [SEP] "
              "'Price: $10.99 to $15.99' [SEP] 'Rating: N.A.' [SEP] 'Description' [SEP] 'Features' [SEP] "
@@ -537,8 +540,8 @@ def test_webshop_prompt_drops_the_history_past_13000_characters(env):
 def test_webshop_prompt_templates_verbatim():
     from gigpo_trl.prompts import build_messages
 
-    env = WebShopEnv(protocol="verl-agent", first_prompt_template="F {task}|{observation}|{admissible_actions}",
-                     prompt_template="L {step_count}/{history_length} {history} @{current_step} {observation}")
+    env = PaperWebShopEnv(first_prompt_template="F {task}|{observation}|{admissible_actions}",
+                          prompt_template="L {step_count}/{history_length} {history} @{current_step} {observation}")
     assert build_messages(env, "t", "o", [], 0, 15, ["a", "b"])[0]["content"] == "F t|o|'a',\n'b',"
     assert build_messages(env, "t", "o5", [("o4", "x")], 4, 15, ["a"])[0]["content"] == (
         "L 4/1 [Observation 4: 'o4', Action 4: 'x'] @5 o5")
@@ -548,7 +551,7 @@ def test_webshop_prompt_templates_verbatim():
     assert build_messages(ours, "t", "o", [], 0, 15)[1] == {"role": "user", "content": "t!"}
     with pytest.raises(ValueError, match=r"first_prompt_template is a protocol='verl-agent' option \(its first-step "
                                          r"template\); got first_prompt_template='F' with protocol='gigpo-trl'"):
-        WebShopEnv(first_prompt_template="F")
+        make_env("webshop", first_prompt_template="F")
 
 
 def test_webshop_rollout_under_verl_agent(data_dir, tiny_tokenizer):
@@ -567,7 +570,7 @@ def test_webshop_rollout_under_verl_agent(data_dir, tiny_tokenizer):
                                                    return_dict=True)["input_ids"] for m in msgs]
 
     def make():
-        return WebShopEnv(data_dir=str(data_dir), protocol="verl-agent", split="train", nlp=NLP)
+        return PaperWebShopEnv(data_dir=str(data_dir), split="train", nlp=NLP)
 
     gid = _mug_goal(make())
     collector = RolloutCollector({"w": make}, generate_fn=policy, tokenize_fn=tok,

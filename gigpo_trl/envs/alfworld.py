@@ -25,18 +25,8 @@ An action outside that list leaves the state unchanged, answers ``"Nothing happe
 (see :meth:`ALFWorldEnv.anchor_state`), not the reply shared by every state. Games are deterministic: ``seed``
 does not change them (the same task and seed always give the same first observation).
 
-Protocols (``protocol=``, :data:`gigpo_trl.envs.base.PROTOCOLS`):
-
-- ``"gigpo-trl"`` (default): as above (banner stripped, inadmissible actions answered without stepping the engine
-  and flagged ``info["action_valid"] = False``, informative anchors, our system prompt and template).
-- ``"verl-agent"``: the GiGPO paper's code (verl-agent ``env_manager.py`` ``AlfWorldEnvironmentManager``,
-  ``env_package/alfworld/envs.py``): the observation is the engine's raw text (the reset text keeps its
-  ``-= Welcome to TextWorld, ALFRED! =-`` banner), every projected action goes to the engine as is (it answers
-  ``"Nothing happens."`` itself), ``info`` carries no ``action_valid`` (validity is the projection's bit only,
-  :func:`gigpo_trl.parsing.parse_action`), the anchor is the raw observation, the task is the text after
-  ``"Your task is to: "``, prompts follow :func:`gigpo_trl.prompts.build_verl_agent_prompt` with the admissible
-  list rendered ``'a'\n 'b'`` without ``help``, and ``"eval"`` stands for ``valid_seen`` (the paper's
-  ``eval_in_distribution``). Its evaluation draw is :func:`paper_eval_draw` (:meth:`ALFWorldEnv.paper_eval_tasks`).
+The GiGPO paper's version of this environment (raw engine text, its projection, prompts and evaluation draw) is
+:class:`gigpo_trl.envs.verl_agent.alfworld.PaperALFWorldEnv`.
 
 Needs the optional ``alfworld`` package (``pip install 'gigpo_trl[alfworld]'``), imported on first use.
 """
@@ -54,7 +44,7 @@ from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
-from .base import TextEnv, init_protocol
+from .base import TextEnv
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -88,81 +78,6 @@ PROMPT_TEMPLATE = (
     "{admissible_actions}"
     "Pick one admissible action. Answer as <think>your reasoning</think><action>the action</action>."
 )
-
-# Our wording of the paper's two ALFWorld templates (same structure as verl-agent prompts/alfworld.py; placeholders
-# in gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS).
-VERL_AGENT_FIRST_TEMPLATE = (
-    "You are an expert household agent in the ALFRED text world.\n"
-    "What you observe now: {observation}\n"
-    "The actions you may take now: [{admissible_actions}].\n\n"
-    "Pick your action for this step. First reason about the situation step by step inside <think> </think>. "
-    "Then write one of the admissible actions for this step inside <action> </action>.\n"
-)
-VERL_AGENT_TEMPLATE = (
-    "You are an expert household agent in the ALFRED text world. Your task is to: {task}\n"
-    "You have taken {step_count} step(s) so far. Your last {history_length} observation(s), each with the action "
-    "you took after it: {history}\n"
-    "This is step {current_step}. What you observe now: {observation}\n"
-    "The actions you may take now: [{admissible_actions}].\n\n"
-    "Pick your action for this step. First reason about the situation step by step inside <think> </think>. "
-    "Then write one of the admissible actions for this step inside <action> </action>.\n"
-)
-#: verl-agent's validation envs are seeded ``env.seed + 1000`` (env_manager.py ``make_envs``).
-PAPER_VAL_SEED_OFFSET = 1000
-_TASK_PREFIX = "Your task is to: "
-
-
-def textworld_game_draw(games: list[str], worker_seed: int, count: int) -> list[str]:
-    """The first ``count`` games one verl-agent ALFWorld worker plays, in order.
-
-    Each worker holds TextWorld's gym env seeded with ``worker_seed`` (``env.seed(seed)``,
-    textworld/gym/envs/textworld_batch.py ``seed``): ``RandomState(worker_seed)`` shuffles a copy of ``games``,
-    the worker plays that order, then reshuffles the list in place with the same generator for every further pass
-    (textworld/gym/envs/utils.py ``shuffled_cycle``). Repeats across workers are possible; within a pass, none.
-
-    Raises:
-        ValueError: ``games`` is empty or ``count`` < 0.
-    """
-    import numpy as np
-
-    if not games:
-        raise ValueError("textworld_game_draw needs a non-empty game list")
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    rng = np.random.RandomState(int(worker_seed))
-    order = list(games)
-    rng.shuffle(order)
-    out = []
-    while len(out) < count:
-        out.extend(order[: count - len(out)])
-        if len(out) < count:
-            rng.shuffle(order)
-    return out
-
-
-def paper_eval_draw(games: list[str], seed: int = 0, num_episodes: int = 128, group_n: int = 1,
-                    eval_round: int = 0) -> list[str]:
-    """The games of verl-agent's ALFWorld validation ``eval_round`` (0 = the validation before training), one per
-    episode, in worker order.
-
-    verl-agent (``env_package/alfworld/envs.py``): ``num_episodes`` workers (``val_data_size``, 128), worker ``i``
-    seeded ``seed + PAPER_VAL_SEED_OFFSET + i // group_n`` (``group_n`` = 1 for validation), each reset drawing the
-    worker's next game (:func:`textworld_game_draw`); round ``r`` plays each worker's game ``r`` (0-based). With
-    ``trainer.test_freq`` 5 and ``val_before_train`` the validation after ``s`` iterations is round ``s // 5``.
-
-    ``games`` must be in the paper's list order for the same draw; verl-agent takes ``os.walk`` order of the split
-    folder, which depends on the file system, so :class:`ALFWorldEnv` passes its sorted list (a documented
-    deviation).
-
-    Raises:
-        ValueError: empty ``games``, ``num_episodes`` or ``group_n`` < 1, or ``eval_round`` < 0.
-    """
-    if num_episodes < 1 or group_n < 1 or eval_round < 0:
-        raise ValueError(f"need num_episodes >= 1, group_n >= 1, eval_round >= 0; got num_episodes={num_episodes}, "
-                         f"group_n={group_n}, eval_round={eval_round}")
-    base = int(seed) + PAPER_VAL_SEED_OFFSET
-    return [textworld_game_draw(games, base + i // group_n, eval_round + 1)[eval_round] for i in range(num_episodes)]
-
 
 # ------------------------------------------------------------------------------------------------------------
 # data
@@ -301,9 +216,9 @@ def _official_games(root: str, split: str) -> list[tuple[str, str]]:
 class _MemoTranslator:
     """Stand-in for the ``fast_downward`` module inside textworld's PDDL logic that memoises ``pddl2sas``.
 
-    TextWorld translates the PDDL task twice on every ``load`` and again twice on every ``reset`` (≈0.4 s
-    each); the translation is a pure function of (domain, problem), so an LRU cache makes repeated resets of a
-    game cost only the reload of the SAS task into the planner library.
+    TextWorld translates the PDDL task twice on every ``load`` and again twice on every ``reset``; the translation
+    is a pure function of (domain, problem), so an LRU cache makes repeated resets of a game cost only the reload
+    of the SAS task into the planner library (timings: benchmarks/README.md, ``bench_envs.py``).
     """
 
     def __init__(self, module, maxsize: int = 256):
@@ -317,7 +232,7 @@ class _MemoTranslator:
 
     def pddl2sas(self, domain, problem, verbose=False, optimize=False):
         # The optimised translation only feeds TextWorld's replanner (policy commands / walkthrough extras), which
-        # this env never requests: serve the plain one for it, saving one ≈1 s translation per game load.
+        # this env never requests: serve the plain one for it, saving one translation per game load.
         key = (hashlib.sha1(domain.encode()).digest(), hashlib.sha1(problem.encode()).digest())
         optimize = False
         with self._lock:
@@ -345,10 +260,11 @@ def _install_translation_cache() -> None:
 
 def _install_textgen_speedups() -> None:
     """Two exact shortcuts in TextWorld's text generation (``textworld.envs.pddl.textgen``), which every step runs
-    for the feedback and for each admissible command (≈0.3 s of a ≈0.4 s step):
+    for the feedback and for each admissible command (most of a step's time; benchmarks/README.md):
 
-    - the parse of grammar strings (``_parse_and_convert``, a tatsu PEG parser) is memoised: it is a pure function
-      of the string; the parse tree is converted to fresh symbol objects on every call (derivations mutate them);
+    - the parse of grammar strings (a tatsu PEG parser, reached through :mod:`gigpo_trl.trl_compat`) is memoised: it
+      is a pure function of the string; the parse tree is converted to fresh symbol objects on every call
+      (derivations mutate them);
     - ``copy_context`` copies the ``variables`` and ``mapping`` dicts instead of deep-copying their entity objects:
       derivations only add keys to those dicts and read attributes of the entities (the ALFWorld grammar's
       ``{o.name}``-style expressions), so every copy holds equal values.
@@ -357,10 +273,13 @@ def _install_textgen_speedups() -> None:
     """
     from textworld.envs.pddl import textgen
 
+    from .. import trl_compat
+
     with _PATCH_LOCK:
-        if getattr(textgen._parse_and_convert, "_gigpo_memo", False):
+        original = trl_compat.textgen_parse_and_convert(textgen)
+        if getattr(original, "_gigpo_memo", False):
             return
-        original, parse, converter = textgen._parse_and_convert, textgen._PARSER.parse, textgen._Converter
+        parse, converter = trl_compat.textgen_parse(textgen), trl_compat.textgen_converter(textgen)
 
         @lru_cache(maxsize=8192)
         def _parse(text: str, rule_name: str):
@@ -375,7 +294,7 @@ def _install_textgen_speedups() -> None:
             return {**context, "variables": dict(context["variables"]), "mapping": dict(context["mapping"])}
 
         parse_and_convert._gigpo_memo = True
-        textgen._parse_and_convert = parse_and_convert
+        trl_compat.set_textgen_parse_and_convert(textgen, parse_and_convert)
         textgen.copy_context = copy_context
 
 
@@ -421,15 +340,10 @@ class ALFWorldEnv(TextEnv):
             ``"valid_seen"``.
         cache_dir (`str`, *optional*): where offline games are rebuilt (default ``$GIGPO_CACHE/alfworld``).
         max_turns (`int`): steps after which the episode ends (default 50).
-        protocol (`str`): ``"gigpo-trl"`` (default) or ``"verl-agent"`` (the paper's code; module docstring).
-        prompt_template (`str`, *optional*): the user-message template, verbatim; under ``"gigpo-trl"`` with the
-            placeholders of ``DEFAULT_PROMPT_TEMPLATE``, under ``"verl-agent"`` the later-step template with those
-            of :data:`gigpo_trl.prompts.VERL_AGENT_PLACEHOLDERS`. Default: this env's own wording.
-        first_prompt_template (`str`, *optional*): ``"verl-agent"`` only: the first-step template (no history);
-            passing one under ``"gigpo-trl"`` raises ``ValueError``.
+        prompt_template (`str`, *optional*): the user-message template, verbatim, with the placeholders of
+            ``DEFAULT_PROMPT_TEMPLATE``. Default: this env's own wording.
 
-    ``eval_split`` defaults to ``"valid_unseen"`` under ``"gigpo-trl"`` and to ``"valid_seen"`` under
-    ``"verl-agent"``.
+    ``eval_split`` defaults to the class's ``default_eval_split`` (``"valid_unseen"``).
     """
 
     name = "alfworld"
@@ -438,15 +352,14 @@ class ALFWorldEnv(TextEnv):
     invalid_action = "<invalid action>"
     max_turns = 50
 
-    admissible_style = "alfworld"
+    default_eval_split = "valid_unseen"
 
     def __init__(self, data_dir: str | None = None, eval_split: str | None = None,
-                 cache_dir: str | None = None, max_turns: int = 50, protocol: str = "gigpo-trl",
-                 prompt_template: str | None = None, first_prompt_template: str | None = None):
-        self.paper = init_protocol(self, protocol, prompt_template, first_prompt_template,
-                                   (VERL_AGENT_TEMPLATE, VERL_AGENT_FIRST_TEMPLATE))
+                 cache_dir: str | None = None, max_turns: int = 50, prompt_template: str | None = None):
+        if prompt_template is not None:
+            self.prompt_template = prompt_template
         if eval_split is None:
-            eval_split = "valid_seen" if self.paper else "valid_unseen"
+            eval_split = self.default_eval_split
         if eval_split not in ("valid_seen", "valid_unseen"):
             raise ValueError(f"eval_split must be 'valid_seen' or 'valid_unseen', got {eval_split!r}")
         if data_dir is None:
@@ -501,24 +414,6 @@ class ALFWorldEnv(TextEnv):
             "task_type": [tt for _, tt in rows],
         })
 
-    def paper_eval_split(self) -> str:
-        """The split the paper evaluates on: ``valid_seen`` with official data; the built-in offline games have no
-        valid_seen (their eval games are unseen scenes), so ``"eval"`` stands in for it."""
-        return "eval" if self.offline else "valid_seen"
-
-    def paper_eval_tasks(self, num_episodes: int = 128, seed: int = 0, eval_round: int = 0,
-                         split: str | None = None):
-        """The paper's evaluation episodes as a task dataset (columns ``task``, ``seed`` = worker index,
-        ``task_type``): :func:`paper_eval_draw` over the sorted games of ``split`` (default
-        :meth:`paper_eval_split`). Sample them at temperature 0.4 to match the paper."""
-        from datasets import Dataset
-
-        rows = self._split_rows(split or self.paper_eval_split())
-        types = dict(rows)
-        drawn = paper_eval_draw([t for t, _ in rows], seed=seed, num_episodes=num_episodes, eval_round=eval_round)
-        return Dataset.from_dict({"task": drawn, "seed": list(range(len(drawn))),
-                                  "task_type": [types[t] for t in drawn]})
-
     def task_type_of(self, task: str) -> str:
         if self.offline:
             return self._record(task)["task_type"]
@@ -572,16 +467,7 @@ class ALFWorldEnv(TextEnv):
         self._state = state
         self._task = task
         self._task_type = self.task_type_of(task)
-        if self.paper:  # raw text; the task is what follows "Your task is to: " (env_manager.py extract_task)
-            text = str(state["feedback"])
-            start = text.find(_TASK_PREFIX)
-            if start == -1:
-                raise ValueError(f"ALFWorld game {task!r}: no {_TASK_PREFIX!r} in the first observation")
-            self._instruction = text[start + len(_TASK_PREFIX):].strip()
-        else:
-            text = _BANNER_RE.sub("", state["feedback"]).strip()
-            m = _TASK_RE.search(text)
-            self._instruction = m.group(1) if m else ""
+        text, self._instruction = self._first_observation(task, str(state["feedback"]))
         self._admissible = [c for c in state["admissible_commands"] if c != "help"]
         self._turn = 0
         self._done = False
@@ -596,13 +482,21 @@ class ALFWorldEnv(TextEnv):
         }
         return text, info
 
-    def step(self, action: str) -> tuple[str, float, bool, dict]:
+    def _first_observation(self, task: str, feedback: str) -> tuple[str, str]:
+        """``(observation, instruction)`` of the reset feedback: the text without the TextWorld banner, and the task
+        line's text."""
+        text = _BANNER_RE.sub("", feedback).strip()
+        m = _TASK_RE.search(text)
+        return text, m.group(1) if m else ""
+
+    def _check_step(self) -> None:
         if self._state is None:
-            raise RuntimeError("ALFWorldEnv.step called before reset")
+            raise RuntimeError(f"{type(self).__name__}.step called before reset")
         if self._done:
-            raise RuntimeError("ALFWorldEnv.step called after the episode ended; call reset")
-        if self.paper:
-            return self._step_paper(action)
+            raise RuntimeError(f"{type(self).__name__}.step called after the episode ended; call reset")
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        self._check_step()
         command = _normalize(action)
         valid = command in self._admissible
         if valid:
@@ -628,22 +522,6 @@ class ALFWorldEnv(TextEnv):
         }
         return obs, (SUCCESS_REWARD if won else 0.0), done, info
 
-    def _step_paper(self, action: Any) -> tuple[str, float, bool, dict]:
-        """verl-agent: the projected action goes to the engine verbatim; the raw feedback comes back."""
-        command = str(action)
-        admissible = command in self._admissible
-        state, _, _ = self._engine.step(command)
-        self._advance_walk(command)
-        self._state = state
-        obs = str(state["feedback"])
-        self._admissible = [c for c in state["admissible_commands"] if c != "help"]
-        won = bool(state["won"])
-        self._turn += 1
-        self._done = won or self._turn >= self.max_turns
-        info = {"admissible_actions": list(self._admissible), "action_admissible": admissible, "won": won,
-                "task_type": self._task_type, "turn": self._turn}
-        return obs, (SUCCESS_REWARD if won else 0.0), self._done, info
-
     def expert_action(self) -> str:
         """The expert (the warm-up's demonstrator): the next command of the game's walkthrough
         (:meth:`expert_walkthrough`), replayed from the reset; an executed command equal to the walkthrough's next
@@ -662,13 +540,10 @@ class ALFWorldEnv(TextEnv):
             self._walk_pos = pos + 1
 
     def anchor_state(self, observation: Any) -> Any:
-        """``"verl-agent"``: the raw observation itself (env_manager.py ``'anchor': text_obs``). Otherwise the
-        observation, except after ``"Nothing happens."`` (an invalid or ineffective action, in any room
+        """The observation, except after ``"Nothing happens."`` (an invalid or ineffective action, in any room
         with any inventory): the state did not change, so the anchor is the last informative observation (the
         reset text or the last other feedback), and such rows share a step group with the rows acting from that
         state rather than with every other failed action of the group (GiGPO Sec. 3.2)."""
-        if self.paper:
-            return observation
         if observation == NOTHING_HAPPENS and self._informative is not None:
             return self._informative
         return observation
@@ -712,6 +587,5 @@ def verify_walkthroughs(tasks: list[str], data_dir: str | None = None) -> list[s
     return problems
 
 
-__all__ = ["ALFWorldEnv", "PAPER_VAL_SEED_OFFSET", "TASK_TYPES", "VERL_AGENT_FIRST_TEMPLATE", "VERL_AGENT_TEMPLATE",
-           "build_game_file", "default_cache_dir", "load_offline_games", "paper_eval_draw", "textworld_game_draw",
+__all__ = ["ALFWorldEnv", "TASK_TYPES", "build_game_file", "default_cache_dir", "load_offline_games",
            "verify_walkthroughs"]

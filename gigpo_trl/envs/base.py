@@ -25,7 +25,10 @@ Optional hooks the collector uses when an environment (or its class) defines the
 
 - ``reset_receives_row = True`` (class attribute): ``reset`` gets the whole task row (a dict of the dataset's
   columns) as ``task`` instead of its ``task`` column, as TRL's ``reset(**row)`` does.
-- ``parse_completion(text) -> gigpo_trl.parsing.ParsedAction``: replaces ``<think>/<action>`` parsing for this env.
+- ``parse_completion(text) -> ParsedAction``: replaces ``<think>/<action>`` parsing for this env.
+- ``build_messages(instruction, observation, history, turn, max_turns, admissible_actions) -> list[dict]``: the chat
+  messages of one turn, replacing :func:`gigpo_trl.prompts.build_messages`'s layout (``history``: the shown
+  ``(observation, ParsedAction.history_action)`` pairs, oldest first).
 - ``with_turn_limit(max_turns) -> factory`` (on a factory object): the collector hands the factory its turn limit,
   for an env that must act at the last turn (call ``get_reward()`` at truncation).
 - ``expert_action() -> str``: the action an expert would take in the current state (a scripted or goal-privileged
@@ -103,6 +106,47 @@ class TextEnv:
 
     def close(self) -> None:
         """Release resources (subprocesses, files)."""
+
+
+class ParsedAction(tuple):
+    """The action an environment receives for one completion: a ``(action, valid)`` pair with named extras.
+
+    What :func:`gigpo_trl.parsing.parse_action` and an environment's ``parse_completion`` hook return.
+
+    Unpacks and compares like the verl-agent projection's output, ``action, valid = parse_action(...)``.
+
+    Attributes:
+        action (`str` or `int`): what is sent to the environment (an ``int`` id only for Sokoban under
+            ``"verl-agent"``).
+        valid (`bool`): the validity bit (the parser's rule: :mod:`gigpo_trl.parsing`).
+        reason (`str`): ``"ok"`` or why the completion is invalid (``"no_action"``, ``"empty_action"``,
+            ``"multiple_actions"``, ``"no_think"``, ``"unclosed_action"``, ``"cjk"``, ``"no_move"``).
+        think (`str` or `None`): the reasoning text, if any.
+        history_action (`str`): the action as the prompt's history shows it (``action``, except verl-agent's
+            Sokoban, whose history holds the id's name, ``"Up"`` … ``"Still"``).
+    """
+
+    def __new__(cls, action: Any, valid: bool, reason: str = "ok", think: str | None = None,
+                history_action: str | None = None):
+        self = super().__new__(cls, (action, bool(valid)))
+        self.__dict__.update(reason=reason, think=think,
+                             history_action=str(action) if history_action is None else history_action)
+        return self
+
+    def __getnewargs__(self):  # pickling: rebuild with the extras
+        return (self[0], self[1], self.reason, self.think, self.history_action)
+
+    @property
+    def action(self) -> Any:
+        return self[0]
+
+    @property
+    def valid(self) -> bool:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return (f"ParsedAction(action={self.action!r}, valid={self.valid}, reason={self.reason!r}, "
+                f"think={self.think!r})")
 
 
 #: The moves of the grid environments (FrozenLake, Sokoban, Corridor).
@@ -277,43 +321,3 @@ def anchor_warnings(rows: Any) -> list[str]:
             )
             break
     return out
-
-
-# Environment protocols (DESIGN.md): "verl-agent" reproduces the GiGPO paper's code (langfengQ/verl-agent);
-# "gigpo-trl" is this project's own behaviour, a documented deviation. A published number names its protocol.
-PROTOCOLS = ("gigpo-trl", "verl-agent")
-
-
-def check_protocol(protocol: str) -> str:
-    """Return `protocol` if it is one of `PROTOCOLS`; raise `ValueError` naming the bad value otherwise."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol={protocol!r} is not one of {list(PROTOCOLS)}")
-    return protocol
-
-
-def init_protocol(env: Any, protocol: str, prompt_template: str | None = None,
-                  first_prompt_template: str | None = None,
-                  verl_agent_templates: tuple[str, str] | None = None) -> bool:
-    """Set ``env.protocol`` and the env's prompt templates for it (an env's ``__init__`` calls this once); returns
-    whether the protocol is ``"verl-agent"``.
-
-    Under ``"verl-agent"`` with ``verl_agent_templates`` = (later-step template, first-step template):
-    ``env.prompt_template`` / ``env.first_prompt_template`` are the given templates or those defaults. Otherwise
-    ``env.prompt_template`` is ``prompt_template`` when given (else the class's stays).
-
-    Raises:
-        ValueError: ``protocol`` is not one of :data:`PROTOCOLS`, or a ``first_prompt_template`` is given under a
-            protocol that has none (only ``"verl-agent"`` prompts the first step with its own template, no history);
-            the message names the value and the protocol.
-    """
-    env.protocol = check_protocol(protocol)
-    paper = protocol == "verl-agent"
-    if first_prompt_template is not None and not paper:
-        raise ValueError(f"first_prompt_template is a protocol='verl-agent' option (its first-step template); got "
-                         f"first_prompt_template={first_prompt_template!r} with protocol={protocol!r}")
-    if paper and verl_agent_templates is not None:
-        env.prompt_template = prompt_template or verl_agent_templates[0]
-        env.first_prompt_template = first_prompt_template or verl_agent_templates[1]
-    elif prompt_template is not None:
-        env.prompt_template = prompt_template
-    return paper

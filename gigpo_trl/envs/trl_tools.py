@@ -39,8 +39,7 @@ import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from ..parsing import ParsedAction
-from .base import TextEnv
+from .base import ParsedAction, TextEnv
 
 #: Methods of a TRL environment that are not tools (TRL skips ``reset``, ``get_reward`` and ``_private`` ones).
 NON_TOOL_METHODS = ("reset", "get_reward", "anchor_state")

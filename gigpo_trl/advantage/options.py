@@ -1,0 +1,23 @@
+"""Allowed values of the estimator's options, defined once (``GiGPOConfig`` imports them).
+
+Pure Python: no numpy or torch, so that the configuration can name them cheaply.
+"""
+
+from __future__ import annotations
+
+#: ``mode``: ``x - mean`` ("mean_norm") or ``(x - mean) / (std + STD_EPS)`` ("mean_std_norm"), every level.
+MODES = ("mean_norm", "mean_std_norm")
+#: ``episode_stats``: the population of A_E's statistics, every row ("rows") or one value per trajectory.
+EPISODE_STATS = ("rows", "trajectories")
+#: ``step_grouping``: GiGPO's anchor-state groups ("state") or HGPO's nested history groups ("hierarchical").
+STEP_GROUPINGS = ("state", "hierarchical")
+#: ``step_return``: GiGPO's discounted return-to-go ("discounted") or GraphGPO's return read off the task group's
+#: transition graph ("graph").
+STEP_RETURNS = ("discounted", "graph")
+
+#: Added to the standard deviation in ``mean_std_norm`` (as the reference does).
+STD_EPS = 1e-6
+#: Added to the sum of HGPO's item weights (as the authors' recipe does).
+WEIGHT_EPS = 1e-6
+
+__all__ = ["EPISODE_STATS", "MODES", "STD_EPS", "STEP_GROUPINGS", "STEP_RETURNS", "WEIGHT_EPS"]
