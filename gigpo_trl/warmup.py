@@ -276,7 +276,7 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
 
 # ------------------------------------------------------------------------------------------- training
 def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rate: float = 5e-4,
-                  perturb_rate: float = 0.1, batch_size: int = 8, seed: int | None = None, tasks=None,
+                  perturb_rate: float = 0.1, batch_size: int = 1, seed: int | None = None, tasks=None,
                   only_won: bool = False) -> dict:
     """Warm-start ``trainer.model`` by behaviour cloning: expert demonstrations → ``trl.SFTTrainer``.
 
@@ -291,7 +291,8 @@ def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rat
         epochs: SFT epochs over the demonstration rows.
         learning_rate: SFT learning rate (linear decay, AdamW, as ``SFTConfig``'s defaults).
         perturb_rate: probability of a random admissible action per turn (recovery demonstrations).
-        batch_size: demonstration rows per optimizer step; micro-batches hold as many rows as fit
+        batch_size: demonstration rows per optimizer step (default 1: SFT on a few dozen rows needs steps more
+            than rows per step; a row costs the same either way); micro-batches hold as many rows as fit
             ``args.max_tokens_per_microbatch`` padded tokens (at least one), the rest is gradient accumulation.
         seed: seed of the perturbation draws and of SFT; default ``trainer.args.seed``.
         tasks / only_won: see :func:`collect_demonstrations`.
