@@ -155,14 +155,3 @@ def test_job_reports_three_phases(tmp_path, tiny_model_dir, capsys):
     assert table[2].startswith("[gigpo] after warm-up") and table[3].startswith("[gigpo] after GiGPO")
     assert "| after_warmup |" in (out / "README.md").read_text()
 
-
-def test_generation_after_warm_up_writes_the_expert_completions(tmp_path, tiny_model_dir, tiny_tokenizer):
-    trainer = make_trainer(tmp_path, tiny_tokenizer, tiny_model_dir)
-    data, _ = collect_demonstrations(trainer, 4, progress=False)
-    expert_warmup(trainer, episodes=4, epochs=8, learning_rate=2e-2, perturb_rate=0.0)
-    prompts = [row["input_ids"][:row["completion_mask"].index(1)] for row in data]
-    with trainer._eval_sampling():
-        ids, _ = trainer._generate_turn(prompts)
-    texts = tiny_tokenizer.batch_decode(ids, skip_special_tokens=True)
-    hits = sum(t == row["completion"][0]["content"] for t, row in zip(texts, data))
-    assert hits >= len(data) * 0.75, (hits, texts[:3])
