@@ -19,6 +19,7 @@ _LAZY = {
     "TextEnv": "gigpo_trl.envs",
     "TRLToolEnv": "gigpo_trl.envs",
     "OpenEnvEnv": "gigpo_trl.envs",
+    "expert_warmup": "gigpo_trl.warmup",
 }
 
 

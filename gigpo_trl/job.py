@@ -74,6 +74,18 @@ class JobArguments:
         metadata={"help": "Paper protocol: the paper's trainer.test_freq; the evaluation after N iterations "
                           "plays the game draw of round ceil(N / test_freq) (round 0 before training)."},
     )
+    warmup_episodes: int = field(
+        default=0,
+        metadata={"help": "Expert warm-up before GiGPO (gigpo_trl.warmup): expert episodes on the training tasks, "
+                          "trained by TRL's SFTTrainer on the same adapter; then an evaluation 'after_warmup'. 0: no "
+                          "warm-up (the GPU and paper configs); on in the CPU defaults."},
+    )
+    warmup_epochs: float = field(default=2.0, metadata={"help": "SFT epochs over the warm-up's demonstrations."})
+    warmup_learning_rate: float = field(default=5e-4, metadata={"help": "SFT learning rate of the warm-up."})
+    warmup_perturb_rate: float = field(
+        default=0.1, metadata={"help": "Probability of a random admissible action per warm-up turn (the expert's "
+                                       "recovery is demonstrated; the random turn is not)."}
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Write into a --output_dir that already holds files (an earlier run's adapter, card and "
@@ -81,11 +93,15 @@ class JobArguments:
     )
 
 
+# The expert warm-up on a CPU (a small model cannot explore without it; sizes: benchmarks/README.md, "Warm-up").
+WARMUP_CPU_DEFAULTS = {"warmup_episodes": 12, "warmup_epochs": 2.0, "warmup_learning_rate": 1e-3,
+                       "warmup_perturb_rate": 0.0}
 # On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
 # (README, "Memory"): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
 # CPU) and a budget of 1,024 padded tokens per forward/backward (two WebShop rows of ~470 tokens, or one of 1,000).
 CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
-                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024}
+                "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024,
+                **WARMUP_CPU_DEFAULTS}
 
 # Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
 # gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the
@@ -98,7 +114,12 @@ _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_le
 _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "steps_per_generation": 4,
              "gradient_accumulation_steps": 4, "max_steps": 2, "max_turns": 4, "history_length": 1,
              "eval_max_tasks": 4}
-EXAMPLE_DEFAULTS = {"webshop": _LONG_OBS, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
+# WebShop: the current page only (its pages are 300-1,000 tokens; a history pair doubles every prompt), 5 turns (the
+# expert's episodes take 3-5 except 3 %), one GiGPO iteration after the warm-up, 30 held-out goals evaluated as one
+# batch of episodes (sizes: benchmarks/README.md, "warmup_design.py").
+_WEBSHOP = {**_LONG_OBS, "history_length": 0, "max_turns": 5, "max_steps": 1, "eval_max_tasks": 30,
+            "per_device_eval_batch_size": 30}
+EXAMPLE_DEFAULTS = {"webshop": _WEBSHOP, "alfworld": _LONG_OBS, "sokoban": _SMALL, "frozenlake": _SMALL}
 
 
 class _JobParser:
@@ -442,10 +463,14 @@ def evaluate(trainer, job: JobArguments, probe, when: str, iterations: int = 0) 
 
 def train_and_evaluate(trainer, job: JobArguments, probe) -> dict:
     """The job's evaluations and training: ``--eval_only`` evaluates once (``"eval"``); otherwise evaluate
-    (``"before"``, unless ``--eval_before false``), train, evaluate (``"after"``) and save the model."""
+    (``"before"``, unless ``--eval_before false``), warm up and evaluate (``"after_warmup"``, with
+    ``--warmup_episodes`` > 0), train, evaluate (``"after"``) and save the model."""
     if job.eval_only:
         return evaluate(trainer, job, probe, "eval")
     results = evaluate(trainer, job, probe, "before") if job.eval_before else {}
+    if job.warmup_episodes > 0:
+        results["warmup"] = warm_up(trainer, job)
+        results.update(evaluate(trainer, job, probe, "after_warmup"))
     trainer.train()
     # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
     # micro-steps, an optimizer step gradient_accumulation_steps of them.
@@ -484,6 +509,45 @@ def write_outputs(job: JobArguments, args, results: dict, hub_id: str | None, ba
     return 0
 
 
+def warm_up(trainer, job: JobArguments) -> dict:
+    """The expert warm-up (:func:`gigpo_trl.warmup.expert_warmup`) with the job's ``--warmup_*`` sizes; prints one
+    line on the main process and returns the warm-up's statistics (they go to the evaluation JSON as ``"warmup"``)."""
+    from .warmup import expert_warmup
+
+    stats = expert_warmup(trainer, episodes=job.warmup_episodes, epochs=job.warmup_epochs,
+                          learning_rate=job.warmup_learning_rate, perturb_rate=job.warmup_perturb_rate)
+    if trainer.accelerator.is_main_process:
+        print(f"[gigpo] warm-up: {stats['rows']} demonstration rows from {stats['episodes']} expert episodes "
+              f"(expert success {stats['success_rate']:.3f}), {stats['sft_steps']} SFT steps, loss "
+              f"{stats['train_loss']:.4f}, {stats['seconds']:.0f} s", flush=True)
+    return stats
+
+
+PHASES = {"before": "before", "after_warmup": "after warm-up", "after": "after GiGPO"}
+
+
+def print_phase_table(results: dict) -> None:
+    """Print the evaluations of the run as one table (phase x success rate, task score, invalid-action rate, tasks),
+    then each later phase's success minus each earlier one's with its 95 % two-proportion interval."""
+    from .metrics import two_proportion_interval
+
+    phases = [(name, results[key]) for key, name in PHASES.items() if isinstance(results.get(key), dict)]
+    if not phases:
+        return
+    print(f"[gigpo] {'phase':<14} {'success':>8} {'task score':>10} {'invalid':>8} {'tasks':>6}", flush=True)
+    for name, m in phases:
+        score = f"{m['task_score']:.3f}" if "task_score" in m else "-"
+        invalid = m.get("invalid_action_rate", float("nan"))
+        print(f"[gigpo] {name:<14} {m['success_rate']:>8.3f} {score:>10} {invalid:>8.3f} {int(m.get('num_tasks', 0)):>6}",
+              flush=True)
+    for (name1, m1), (name2, m2) in [(b, a) for i, a in enumerate(phases) for b in phases[i + 1:]]:
+        n1, n2 = int(m1.get("num_tasks", 0)), int(m2.get("num_tasks", 0))
+        if n1 and n2:
+            d, low, high = two_proportion_interval(round(m1["success_rate"] * n1), n1, round(m2["success_rate"] * n2), n2)
+            print(f"[gigpo] success {name1} - {name2}: {d:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}] "
+                  "(two proportions, Newcombe)", flush=True)
+
+
 def run(job: JobArguments, args, model_args) -> int:
     """Run the job; returns the process exit code (0, or 1 when only the Hub push failed).
 
@@ -500,6 +564,10 @@ def run(job: JobArguments, args, model_args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     started = time.perf_counter()
     check_output_dir(job, args)  # before any model time is spent
+    if job.warmup_episodes > 0 and not job.eval_only:  # an environment without an expert: before any model too
+        from .warmup import check_expert
+
+        check_expert(env_factory(job)())
     base_model, hub_id, tokenizer = load_base_model(model_args)
     push, args.push_to_hub = args.push_to_hub, False
     args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": model_args.dtype or "auto"}
@@ -514,6 +582,7 @@ def run(job: JobArguments, args, model_args) -> int:
         if args.rollout_records and not job.eval_only:
             print_report(trainer, args.output_dir)
         code = write_outputs(job, args, results, hub_id, base_model, lora=peft_config is not None, push=push)
+        print_phase_table(results)
         print(f"[gigpo] done in {results['wall_seconds']:.0f} s", flush=True)
     trainer.accelerator.end_training()  # trackers, and the process group under several processes
     return code
@@ -564,6 +633,7 @@ def main(env: str, argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-__all__ = ["EXAMPLE_DEFAULTS", "JobArguments", "build_parser", "build_trainer", "check_output_dir", "env_factory",
-           "error_line", "evaluate", "load_base_model", "load_tasks", "main", "model_card", "overridden",
-           "paper_eval_round", "push_adapter", "run", "train_and_evaluate", "write_outputs"]
+__all__ = ["EXAMPLE_DEFAULTS", "PHASES", "JobArguments", "build_parser", "build_trainer", "check_output_dir",
+           "env_factory", "error_line", "evaluate", "load_base_model", "load_tasks", "main", "model_card", "overridden",
+           "paper_eval_round", "print_phase_table", "push_adapter", "run", "train_and_evaluate", "warm_up",
+           "write_outputs"]

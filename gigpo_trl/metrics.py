@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -160,3 +161,33 @@ def completion_metrics(
         f"{prefix}/min_terminated_length": float(terminated.min()),
         f"{prefix}/max_terminated_length": float(terminated.max()),
     }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``successes / n`` (95 % for the default ``z``).
+
+    Raises:
+        ValueError: ``n`` < 1 or ``successes`` outside ``[0, n]``.
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def two_proportion_interval(k1: int, n1: int, k2: int, n2: int, z: float = 1.959964) -> tuple[float, float, float]:
+    """``(p1 - p2, low, high)``: the difference of two independent proportions ``k1/n1 - k2/n2`` and its interval
+    by Newcombe's hybrid score method (1998, method 10: Wilson intervals of each proportion combined), 95 % for the
+    default ``z``; sound at 0 and 1 successes, where the Wald interval collapses.
+
+    Raises:
+        ValueError: as :func:`wilson_interval` for either proportion.
+    """
+    l1, u1 = wilson_interval(k1, n1, z)
+    l2, u2 = wilson_interval(k2, n2, z)
+    p1, p2 = k1 / n1, k2 / n2
+    d = p1 - p2
+    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)

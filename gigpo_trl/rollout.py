@@ -346,6 +346,7 @@ class RolloutCollector:
                     self._fail(st, res.error)
                     continue
                 st["observation"], st["anchor"] = res.observation, res.anchor
+                st["info"] = res.info  # the last info, for a collector that acts on it (the expert warm-up)
                 st["instruction"] = res.info.get("instruction", "")
                 st["admissible"] = res.info.get("admissible_actions")
                 if st["record"].task_type is None and res.info.get("task_type") is not None:
@@ -425,6 +426,7 @@ class RolloutCollector:
             st["history"].append((str(st["observation"]), parsed.history_action))
             st["observation"], st["anchor"] = res.observation, res.anchor
             st["admissible"] = res.info.get("admissible_actions", st["admissible"])
+            st["info"] = res.info
             if done:
                 st["done"] = True
                 record.won = bool(res.info.get("won", res.reward > 0)) if res.done else False

@@ -155,6 +155,21 @@ def test_walkthrough_solves_sample(env, task):
     _play_walkthrough(env, task)
 
 
+def test_expert_action_replays_the_walkthrough_and_resumes_after_a_detour(env):
+    """The warm-up's expert: the walkthrough's next command; a command the game rejects does not advance it."""
+    task = _sample_ids()[0]
+    walk = env.expert_walkthrough(task)
+    env.reset(task, 0)
+    assert env.expert_action() == walk[0]
+    env.step("jump over the moon")  # invalid: nothing happens, the expert proposes the same command
+    assert env.expert_action() == walk[0]
+    for action in walk:
+        assert env.expert_action() == action
+        _, reward, done, info = env.step(env.expert_action())
+    assert done and info["won"] and reward == SUCCESS_REWARD
+    assert env.expert_action() == "look"  # the episode is over
+
+
 @pytest.mark.slow
 def test_walkthrough_solves_every_committed_game():
     sample = set(_sample_ids())  # already replayed by test_walkthrough_solves_sample

@@ -21,7 +21,7 @@ def _job_args(tiny_model_dir, out, *extra):
     return ["--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--lora_target_modules", "q_proj",
             "v_proj", "--num_generations", "2", "--per_device_train_batch_size", "2", "--max_steps", "1",
             "--max_turns", "2", "--max_completion_length", "8", "--eval_max_tasks", "3", "--disable_tqdm", "true",
-            *extra]
+            "--warmup_episodes", "0", *extra]  # the warm-up phase: tests/test_warmup.py
 
 
 def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir, capsys, monkeypatch):

@@ -622,7 +622,7 @@ def test_job_protocol_flag_and_eval_json_score(tmp_path, tiny_model_dir, capsys,
         "v_proj", "--num_generations", "2", "--per_device_train_batch_size", "2", "--steps_per_generation", "1",
         "--gradient_accumulation_steps", "1", "--max_steps", "1", "--max_turns", "2", "--max_completion_length",
         "8", "--eval_max_tasks", "2", "--disable_tqdm", "true", "--eval_before", "false",
-        "--protocol", "verl-agent", "--paper_eval_episodes", "3"])
+        "--protocol", "verl-agent", "--paper_eval_episodes", "3", "--warmup_episodes", "0"])
     assert isinstance(env_factory(job)(), PaperWebShopEnv)
     assert run(job, args, model_args) == 0
     captured = capsys.readouterr().out

@@ -471,6 +471,7 @@ class ALFWorldEnv(TextEnv):
         self._admissible = [c for c in state["admissible_commands"] if c != "help"]
         self._turn = 0
         self._done = False
+        self._walk, self._walk_pos = None, 0  # expert_action's walkthrough, read on first use
         self._informative = text
         info = {
             "instruction": self._instruction,
@@ -501,6 +502,7 @@ class ALFWorldEnv(TextEnv):
         if valid:
             state, _, _ = self._engine.step(command)
             self._state = state
+            self._advance_walk(command)
             obs = str(state["feedback"]).strip()
             self._admissible = [c for c in state["admissible_commands"] if c != "help"]
         else:
@@ -519,6 +521,23 @@ class ALFWorldEnv(TextEnv):
             "turn": self._turn,
         }
         return obs, (SUCCESS_REWARD if won else 0.0), done, info
+
+    def expert_action(self) -> str:
+        """The expert (the warm-up's demonstrator): the next command of the game's walkthrough
+        (:meth:`expert_walkthrough`), replayed from the reset; an executed command equal to the walkthrough's next
+        one advances it. After an action off the walkthrough its rest is still proposed, and may no longer apply
+        (no planner re-plans here; the warm-up drops the demonstrations the game rejects). ``"look"`` once the
+        walkthrough is used up or the episode is over."""
+        if self._task is None or self._done:
+            return "look"
+        if getattr(self, "_walk", None) is None:
+            self._walk, self._walk_pos = self.expert_walkthrough(self._task), 0
+        return self._walk[self._walk_pos] if self._walk_pos < len(self._walk) else "look"
+
+    def _advance_walk(self, command: str) -> None:
+        walk, pos = getattr(self, "_walk", None), getattr(self, "_walk_pos", 0)
+        if walk is not None and pos < len(walk) and _normalize(walk[pos]) == _normalize(command):
+            self._walk_pos = pos + 1
 
     def anchor_state(self, observation: Any) -> Any:
         """The observation, except after ``"Nothing happens."`` (an invalid or ineffective action, in any room

@@ -31,6 +31,12 @@ Optional hooks the collector uses when an environment (or its class) defines the
   ``(observation, ParsedAction.history_action)`` pairs, oldest first).
 - ``with_turn_limit(max_turns) -> factory`` (on a factory object): the collector hands the factory its turn limit,
   for an env that must act at the last turn (call ``get_reward()`` at truncation).
+- ``expert_action() -> str``: the action an expert would take in the current state (a scripted or goal-privileged
+  solver, a stored walkthrough), as the action string ``step`` accepts. Only the expert warm-up uses it
+  (:func:`gigpo_trl.warmup.expert_warmup`, the job's ``--warmup_episodes``): it writes each expert action as a
+  completion, ``<think></think><action>{action}</action>``, and trains the policy on those rows before GiGPO. It
+  must work from any state, including after someone else's off-path actions (the warm-up may perturb the expert).
+  Every bundled environment has one; ``check_env`` reports whether an environment does.
 
 Environments written for TRL's ``environment_factory`` or for OpenEnv need none of this: ``env=`` recognises them and
 wraps them (``gigpo_trl/envs/adapters.py``, ``trl_tools.py``, ``openenv.py``). Both may define ``anchor_state()``
@@ -182,8 +188,13 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
     ``env`` may also be a TRL ``environment_factory`` environment or an OpenEnv ``Environment`` (an instance, a class
     or a factory): it is wrapped as ``GiGPOTrainer(env=...)`` would wrap it, and its prompt (tool schemas) rendered.
 
+    Returns:
+        ``{"expert_action": bool}``: whether the environment has an expert for the warm-up (``expert_action()``,
+        checked to return a ``str`` after the first reset).
+
     Raises:
-        TypeError: a return value has the wrong type (message names the method and the value).
+        TypeError: a return value has the wrong type (message names the method and the value), including a non-``str``
+            ``expert_action()``.
         ValueError: non-deterministic reset (an env that ignores its seed), or a NaN/inf reward.
     """
     from .adapters import as_env
@@ -213,6 +224,9 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
             "reset; a TRL environment gets it as reset(..., seed=...) from the row, an OpenEnv environment as "
             "reset(seed=...)), or make reset deterministic"
         )
+    expert = callable(getattr(env, "expert_action", None))
+    if expert and not isinstance(proposed := env.expert_action(), str):
+        raise TypeError(f"{type(env).__name__}.expert_action() must return the action as a str, got {proposed!r:.100}")
     for _ in range(num_steps):
         actions = info.get("admissible_actions") or [getattr(env, "invalid_action", "<invalid>")]
         out = env.step(actions[0])
@@ -225,6 +239,7 @@ def check_env(env: Any, task: Any = None, seed: int = 0, num_steps: int = 3) -> 
         check_anchor(env, obs, "step")
         if done:
             break
+    return {"expert_action": expert}
 
 
 def env_anchor(env: Any, observation: Any) -> Hashable:

@@ -150,6 +150,7 @@ class PaperALFWorldEnv(PaperProtocol, ALFWorldEnv):
         command = str(action)
         admissible = command in self._admissible
         state, _, _ = self._engine.step(command)
+        self._advance_walk(command)
         self._state = state
         obs = str(state["feedback"])
         self._admissible = [c for c in state["admissible_commands"] if c != "help"]

@@ -1,0 +1,40 @@
+"""Design runs of the main job's sizes (README's WebShop job with the expert warm-up) on TRAINING goals only.
+
+    python benchmarks/warmup_design.py --design_eval_goals 60 [any flag of examples/train_webshop.py]
+
+Runs ``gigpo_trl.job.main("webshop", ...)`` unchanged, except that the WebShop env's splits are re-cut from the
+training goals: its last ``--design_eval_goals`` training goals become the evaluation split and the others stay the
+training split, so choosing the sizes never looks at the held-out eval goals (the rule and the runs:
+benchmarks/README.md, "Warm-up"). Prints the job's own lines (phase table, ``[gigpo] done in N s``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str]) -> None:
+    held = 60
+    if "--design_eval_goals" in argv:
+        i = argv.index("--design_eval_goals")
+        held = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+
+    from gigpo_trl.envs import webshop
+    from gigpo_trl.job import main as job_main
+
+    tasks = webshop.WebShopEnv.tasks
+
+    def design_tasks(self, split: str = "train"):
+        goals = tasks(self, "train")
+        n = len(goals)
+        return goals.select(range(n - held, n)) if split in ("eval", "test") else goals.select(range(n - held))
+
+    webshop.WebShopEnv.tasks = design_tasks
+    print(f"[design] evaluation split = the last {held} training goals; training split = the other training goals",
+          flush=True)
+    job_main("webshop", argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
