@@ -1044,6 +1044,11 @@ def parse_args(argv=None):
                     f"MAP_DESIGN_SEEDS sets CONDITIONS['{a.condition}']['iterations']); give --iterations")
         if a.iterations is None:
             a.iterations = 3 if a.quick else TESTBEDS["corridor"]["iterations"]
+        # evaluations every I // 5 iterations (at least 2): the headline's 0, 2, ..., 10 at I = 10, six points
+        # however long the cell's budget
+        for key in ("eval_every", "eval_every_early"):
+            if getattr(a, key) is None:
+                setattr(a, key, max(2, a.iterations // 5))
     for key, value in TESTBEDS[a.testbed].items():
         if getattr(a, key, None) is None:
             setattr(a, key, value)

@@ -279,6 +279,11 @@ def test_condition_without_iterations_or_with_a_foreign_arm_is_refused():
     with pytest.raises(SystemExit):
         learning.parse_args(["--condition", "clock_sim", "--iterations", "10", "--arms", "GraphGPO"])
     assert learning.parse_args(["--condition", "h6", "--quick"]).iterations == 3
+    # evaluations every I // 5 (at least 2) iterations: the headline's schedule at I = 10
+    for iters, every in ((10, 2), (30, 6), (40, 8)):
+        a = learning.parse_args(["--condition", "h6", "--iterations", str(iters)])
+        assert (a.eval_every, a.eval_every_early) == (every, every)
+    assert learning.eval_schedule(30, 6, 6) == [6, 12, 18, 24, 30]
 
 
 def test_map_report_table_and_figure_from_cells(tmp_path):
