@@ -9,6 +9,8 @@
     python benchmarks/learning.py --arms GiGPO GRPO       # without the HGPO and GraphGPO arms
     python benchmarks/learning.py --arms GraphGPO --reuse_warmup   # add an arm to a run (same output_dir)
     python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
+    python benchmarks/learning.py --condition clock --iterations 20   # one cell of the map (CONDITIONS, MAP_SEEDS)
+    python benchmarks/learning.py --map_report            # the map's table and figure from its cells' results
 
 Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
 a dead end (left/right in random order), ``max_turns`` 30; the shortest episode is 12 turns, reward 1 only for
