@@ -736,10 +736,10 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     return result
 
 
-WARMUP_KEYS = ("testbed", "env", "length", "directions", "map_size", "p", "max_turns", "walk_turns", "history_length",
-               "train_tasks", "think", "actions", "hidden", "layers", "vocab", "warmup_steps", "warmup_max_steps",
+WARMUP_KEYS = ("testbed", "env", "length", "directions", "nuisance", "trap_door", "map_size", "p", "max_turns",
+               "walk_turns", "history_length", "train_tasks", "think", "actions", "hidden", "layers", "vocab", "warmup_steps", "warmup_max_steps",
                "warmup_legal", "warmup_batch", "warmup_lr", "warmup_balance_steps", "warmup_balance_tol",
-               "warmup_check", "warmup_restart_steps", "nuisance", "trap_door")
+               "warmup_check", "warmup_restart_steps")
 
 
 def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
