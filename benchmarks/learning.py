@@ -9,6 +9,8 @@
     python benchmarks/learning.py --arms GiGPO GRPO       # without the HGPO and GraphGPO arms
     python benchmarks/learning.py --arms GraphGPO --reuse_warmup   # add an arm to a run (same output_dir)
     python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
+    python benchmarks/learning.py --condition clock --iterations 20   # one cell of the map (CONDITIONS, MAP_SEEDS)
+    python benchmarks/learning.py --map_report            # the map's table and figure from its cells' results
 
 Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
 a dead end (left/right in random order), ``max_turns`` 30; the shortest episode is 12 turns, reward 1 only for
@@ -103,6 +105,33 @@ def default_arms() -> list[str]:
 # warm-up was checked on 1, 2 and 100-103).
 HEADLINE_SEEDS = [200, 201, 202, 203, 204, 205, 206, 207, 208, 209]
 DESIGN_SEEDS = [100, 101, 102, 103, 104]
+
+# The map (issue 35; pre-registered in benchmarks/README.md, "The map" section, before any of its runs): fresh seeds,
+# never used before (not 0-11, 100-104, 200-209, 300-304, 500-509), the map's design seeds apart from them.
+MAP_SEEDS = [600, 601, 602, 603, 604, 605, 606, 607]
+MAP_DESIGN_SEEDS = [700, 701, 702, 703, 704]
+MAP_EVAL_TASKS = 128
+# One cell of the map per condition: the corridor settings and config fields that differ from the headline
+# testbed's (TESTBEDS["corridor"]); ``iterations`` None = not yet set by the condition's design run (the budget
+# rule in benchmarks/README.md), so the condition refuses to run without an explicit --iterations.
+# ``axis``/``label``: where the cell sits in the map's figure. ``arms``: GraphGPO matches states exactly (its graph's
+# nodes), so it has no similarity-anchor cell.
+CONDITIONS = {
+    "h6": dict(axis="horizon", label="6 rooms", length=6, max_turns=15, walk_turns=18, iterations=None),
+    "h12": dict(axis="horizon", label="12 rooms", length=12, max_turns=30, walk_turns=36, iterations=10),
+    "h24": dict(axis="horizon", label="24 rooms", length=24, max_turns=60, walk_turns=72, iterations=None),
+    "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=None),
+    "clock_sim": dict(axis="anchors", label="nuisance,\nsimilarity 0.9", nuisance="clock",
+                      anchor_similarity_threshold=0.9, iterations=None,
+                      arms=("GiGPO", "GRPO", "HGPO")),
+    "clock_hook": dict(axis="anchors", label="nuisance,\nanchor_state()", nuisance="clock",
+                       anchor_drops_nuisance=True, iterations=None),
+    "trap": dict(axis="failure", label="trap door", trap_door=True, iterations=None),
+}
+# Cells that the figure's axes share: h12 is also "exact anchors" and "diffuse failure".
+MAP_AXES = {"horizon": ["h6", "h12", "h24"], "anchors": ["h12", "clock", "clock_sim", "clock_hook"],
+            "failure": ["h12", "trap"]}
+MAP_AXIS_LABELS = {("anchors", "h12"): "exact\n(no nuisance)", ("failure", "h12"): "diffuse\n(dead ends)"}
 
 
 # Two-sided 95% t quantiles t_{0.975, df} (scipy may be missing); df > 30 uses the normal quantile.
@@ -238,7 +267,9 @@ TESTBEDS = {
 def env_factory_for(a):
     if a.env == "corridor":
         cls = DoorCorridor if a.actions == "doors" else CompactCorridor
-        return functools.partial(cls, length=a.length, max_turns=a.max_turns, directions=a.directions)
+        return functools.partial(cls, length=a.length, max_turns=a.max_turns, directions=a.directions,
+                                 nuisance=a.nuisance or None, anchor_drops_nuisance=bool(a.anchor_drops_nuisance),
+                                 trap_door=bool(a.trap_door))
     return functools.partial(LocalViewFrozenLake, size=a.map_size, p=a.p, max_turns=a.max_turns)
 
 
@@ -609,6 +640,8 @@ def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
         disable_tqdm=True, logging_steps=1, eval_max_tasks=a.eval_tasks, eval_temperature=0.0,
         per_device_eval_batch_size=a.eval_tasks, require_think=a.think,
     )
+    if a.anchor_similarity_threshold is not None and arm_fields.get("step_return") != "graph":
+        shared["anchor_similarity_threshold"] = a.anchor_similarity_threshold
     return GiGPOConfig(**{**shared, **arm_fields})
 
 
@@ -703,8 +736,8 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     return result
 
 
-WARMUP_KEYS = ("testbed", "env", "length", "directions", "map_size", "p", "max_turns", "walk_turns", "history_length",
-               "train_tasks", "think", "actions", "hidden", "layers", "vocab", "warmup_steps", "warmup_max_steps",
+WARMUP_KEYS = ("testbed", "env", "length", "directions", "nuisance", "trap_door", "map_size", "p", "max_turns",
+               "walk_turns", "history_length", "train_tasks", "think", "actions", "hidden", "layers", "vocab", "warmup_steps", "warmup_max_steps",
                "warmup_legal", "warmup_batch", "warmup_lr", "warmup_balance_steps", "warmup_balance_tol",
                "warmup_check", "warmup_restart_steps")
 
@@ -714,14 +747,18 @@ def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
     Returns the warm-up figures (``legal_move_warmup``, plus params and the settings that made them); a failed
     warm-up returns them with ``failed`` (the message naming the seed) and saves no weights."""
     torch.set_num_threads(1)
-    init_dir = out / f"seed{seed}" / "init"
+    init_dir = Path(a.warmup_dir or out) / f"seed{seed}" / "init"
     settings = {k: getattr(a, k) for k in WARMUP_KEYS}
     if a.reuse_warmup and (init_dir / "warmup_stats.json").exists():
         stats = json.loads((init_dir / "warmup_stats.json").read_text())
-        if stats.get("settings") == settings:
+        from transformers import AutoTokenizer
+
+        same_tok = AutoTokenizer.from_pretrained(init_dir).get_vocab() == tok.get_vocab()
+        if stats.get("settings") == settings and same_tok:
             print(f"seed {seed}: warm-up weights reused from {init_dir}", flush=True)
             return stats | {"reused": True}
-        print(f"seed {seed}: warm-up in {init_dir} was made with other settings; warming up again", flush=True)
+        print(f"seed {seed}: warm-up in {init_dir} was made with other settings or another tokenizer; warming up "
+              "again", flush=True)
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     try:
@@ -755,13 +792,15 @@ def warmup_line(w: dict) -> str:
 
 # The settings a (seed, arm) run's result depends on: runs merged by --report_only must agree on them.
 RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "groups", "num_generations", "spg", "lr",
-                          "gamma", "eval_tasks", "advantage_mode", "max_completion_length", "sampled_eval_temperature")
+                          "gamma", "eval_tasks", "advantage_mode", "max_completion_length", "sampled_eval_temperature",
+                          "condition", "anchor_drops_nuisance", "anchor_similarity_threshold")
 
 
 def arm_job(job, a, tok, env_factory, train_ds, eval_ds, out):
     seed, arm = job
     torch.set_num_threads(1)
-    return run_arm(a, arm, seed, str(out / f"seed{seed}" / "init"), tok, env_factory, train_ds, eval_ds)
+    return run_arm(a, arm, seed, str(Path(a.warmup_dir or out) / f"seed{seed}" / "init"), tok, env_factory, train_ds,
+                   eval_ds)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -886,6 +925,8 @@ def plot(results, seeds, arms, a, path):
             sm = [np.convolve(t[:n], np.ones(k) / k, mode="valid") for t in tr]
             band(axes[2], np.arange(k, n + 1), sm, colors[arm], arm)
     name = f"corridor, {a.length} rooms" if a.env == "corridor" else f"FrozenLake {a.map_size}x{a.map_size}"
+    if getattr(a, "condition", None):
+        name += f", condition {a.condition}"
     axes[0].set(title=f"held-out success, sampled T=1 ({name})", ylabel="success")
     axes[1].set(title="held-out success, greedy (start and the last 3 evaluations)")
     axes[2].set(title="training success (5-iteration running mean)")
@@ -903,6 +944,23 @@ def plot(results, seeds, arms, a, path):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--testbed", default="corridor", choices=sorted(TESTBEDS))
+    p.add_argument("--condition", choices=list(CONDITIONS), default=None,
+                   help="one cell of the map (CONDITIONS; corridor): its settings, MAP_SEEDS, MAP_EVAL_TASKS eval "
+                        "tasks; results to benchmarks/results/map/CONDITION/ for a complete cell")
+    p.add_argument("--map_report", action="store_true",
+                   help="no training: the map's table and figure from every --map_dir/*/learning.json")
+    p.add_argument("--map_dir", default=None, help="--map_report: folder of the cells (default benchmarks/results/map)")
+    p.add_argument("--nuisance", choices=["turn", "clock"], default=None,
+                   help="corridor: a second observation line that never helps (CorridorEnv's nuisance)")
+    p.add_argument("--anchor_drops_nuisance", action="store_true", default=None,
+                   help="corridor: anchor_state() drops the nuisance line")
+    p.add_argument("--trap_door", action="store_true", default=None,
+                   help="corridor: one dead end per task is a trap door that ends the episode with reward 0")
+    p.add_argument("--anchor_similarity_threshold", type=float, default=None,
+                   help="GiGPOConfig.anchor_similarity_threshold for every arm but GraphGPO (exact states only)")
+    p.add_argument("--warmup_dir", default=None,
+                   help="where the warm-up weights are saved and (--reuse_warmup) found (default --output_dir), so "
+                        "cells with the same warm-up settings share them")
     p.add_argument("--quick", action="store_true", help="<= 3-minute smoke version (seed 0 unless --seeds, 3 "
                    "iterations, 16 eval tasks, a short warm-up that may miss its targets)")
     p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=None,
@@ -968,12 +1026,41 @@ def parse_args(argv=None):
     p.add_argument("--warmup_lr", type=float, default=3e-3)
     a = p.parse_args(argv)
     a.seeds_given = a.seeds is not None
+    if a.condition is not None:
+        if a.testbed != "corridor":
+            p.error(f"--condition {a.condition} is a corridor cell, not one of --testbed {a.testbed}")
+        cell = {k: v for k, v in CONDITIONS[a.condition].items() if k not in ("axis", "label")}
+        cell |= {"seeds": MAP_SEEDS, "eval_tasks": MAP_EVAL_TASKS}
+        if "arms" in cell:
+            cell["arms"] = list(cell["arms"])
+        for key, value in cell.items():
+            if getattr(a, key, None) is None:
+                setattr(a, key, value)
+        if a.arms and "arms" in CONDITIONS[a.condition]:
+            left_out = [arm for arm in a.arms if arm not in CONDITIONS[a.condition]["arms"]]
+            if left_out:
+                p.error(f"--arms {' '.join(left_out)}: not an arm of condition {a.condition} "
+                        f"({', '.join(CONDITIONS[a.condition]['arms'])})")
+        if a.iterations is None and not (a.report_only or a.warmup_only or a.map_report or a.quick):
+            p.error(f"condition {a.condition}: its iterations are not set yet (the budget rule's design run on "
+                    f"MAP_DESIGN_SEEDS sets CONDITIONS['{a.condition}']['iterations']); give --iterations")
+        if a.iterations is None:
+            a.iterations = 3 if a.quick else TESTBEDS["corridor"]["iterations"]
+        # evaluations every I // 5 iterations (at least 2): the headline's 0, 2, ..., 10 at I = 10, six points
+        # however long the cell's budget
+        for key in ("eval_every", "eval_every_early"):
+            if getattr(a, key) is None:
+                setattr(a, key, max(2, a.iterations // 5))
     for key, value in TESTBEDS[a.testbed].items():
         if getattr(a, key, None) is None:
             setattr(a, key, value)
     for key in ("length", "directions", "map_size", "p", "actions"):
         if getattr(a, key) is None:
             setattr(a, key, 0)
+    a.anchor_drops_nuisance = bool(a.anchor_drops_nuisance)
+    a.trap_door = bool(a.trap_door)
+    if a.anchor_similarity_threshold is not None and not 0.0 < a.anchor_similarity_threshold < 1.0:
+        p.error(f"--anchor_similarity_threshold must be in (0, 1), got {a.anchor_similarity_threshold}")
     a.arms = a.arms or default_arms()
     a.warmup_fail_soft = a.quick
     if a.quick:  # a smoke run never touches a headline seed
@@ -1001,6 +1088,11 @@ def default_results_dir(a, seeds) -> str:
     so a partial or quick run never overwrites the committed results; OUTPUT_DIR otherwise."""
     if a.results_dir is not None:
         return a.results_dir
+    if a.condition is not None:
+        cell = (not a.quick and sorted(seeds) == sorted(MAP_SEEDS)
+                and a.iterations == CONDITIONS[a.condition]["iterations"] and a.eval_tasks == MAP_EVAL_TASKS)
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "map", a.condition)
+        return root if cell else a.output_dir
     headline = (not a.quick and a.testbed == "corridor" and sorted(seeds) == sorted(HEADLINE_SEEDS)
                 and a.iterations == TESTBEDS["corridor"]["iterations"])
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results") if headline else a.output_dir
@@ -1014,6 +1106,8 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
     a = parse_args(argv)
+    if a.map_report:
+        return map_report(a.map_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "map"))
     if a.report_only:
         return report_only(a)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
@@ -1144,9 +1238,11 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
     ``res_dir/learning.json`` (and the plot). Returns 0, or 1 when no seed has every arm."""
     if len(seeds) < len(a.seeds):
         print(f"runs finished for all arms on seeds {seeds} only (of {a.seeds}); the report covers those")
-    missing_headline = [s for s in HEADLINE_SEEDS if s not in seeds]
+    reference_seeds = MAP_SEEDS if getattr(a, "condition", None) else HEADLINE_SEEDS
+    missing_headline = [s for s in reference_seeds if s not in seeds]
     if a.testbed == "corridor" and missing_headline:
-        print(f"not a headline report: headline seeds {missing_headline} missing")
+        print(f"not a {'map cell' if reference_seeds is MAP_SEEDS else 'headline'} report: seeds {missing_headline} "
+              "missing")
     if not seeds:
         return 1
     warmups = {str(k): v for k, v in warmups.items()}
@@ -1172,7 +1268,10 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
         "auc_ci95_pp": auc_gap["ci95_pp"] if auc_gap else None,
         "seeds": seeds,
         "headline_seeds": HEADLINE_SEEDS,
-        "is_headline": a.testbed == "corridor" and not missing_headline and not a.quick,
+        "is_headline": (a.testbed == "corridor" and not missing_headline and not a.quick
+                        and not getattr(a, "condition", None)),
+        "condition": getattr(a, "condition", None),
+        "is_map_cell": bool(getattr(a, "condition", None)) and not missing_headline and not a.quick,
         "headline": (f"GiGPO - GRPO held-out success on {a.testbed} (sampled T=1, mean of the last 3 evaluations, "
                      f"{len(seeds)} seeds, paired): {main_gap['gap_pp']:+.1f} pp, 95% t interval "
                      f"[{main_gap['ci95_pp'][0]:+.1f}, {main_gap['ci95_pp'][1]:+.1f}]; area under the held-out "
@@ -1190,6 +1289,97 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
         plot(results, seeds, a.arms, a, res_dir / "learning_curve.png")
     print(f"json: {res_dir / 'learning.json'}")
     return 0
+
+
+def map_table(cells: dict) -> tuple[str, dict]:
+    """The map's table: per condition (``cells``: condition -> its learning.json) and arm, the paired gap to GRPO
+    of the primary metric and its 95 % t interval. Returns (text, {condition: {arm: gap_stats dict}})."""
+    label = METRICS[PRIMARY_METRIC][0]
+    rows, out = [], {}
+    head = f"{'condition':<11} {'seeds':>5} " + " ".join(f"{arm + ' - GRPO':>24}" for arm in ARMS if arm != "GRPO")
+    rows += [f"gap to GRPO, {METRICS[PRIMARY_METRIC][1]} (pp, 95% t interval over seeds):", head, "-" * len(head)]
+    for cond in CONDITIONS:
+        if cond not in cells:
+            continue
+        d = cells[cond]
+        out[cond] = {}
+        cols = []
+        for arm in ARMS:
+            if arm == "GRPO":
+                continue
+            g = d["gaps"].get(f"{arm}-GRPO/{label}")
+            if g is None:
+                cols.append(f"{'-':>24}")
+                continue
+            out[cond][arm] = g
+            cols.append(f"{g['gap_pp']:+6.1f} [{g['ci95_pp'][0]:+6.1f}, {g['ci95_pp'][1]:+6.1f}]".rjust(24))
+        rows.append(f"{cond:<11} {len(d['seeds']):>5} " + " ".join(cols))
+    return "\n".join(rows), out
+
+
+def map_report(map_dir) -> int:
+    """--map_report: read ``map_dir/CONDITION/learning.json`` of every cell present, print the table, write
+    ``map_dir/map.json`` and the figure ``map_dir/map.png`` (gap to GRPO with its 95 % interval per arm, one panel
+    per axis of ``MAP_AXES``). Returns 1 when no cell is there."""
+    map_dir = Path(map_dir)
+    cells = {c: json.loads((map_dir / c / "learning.json").read_text()) for c in CONDITIONS
+             if (map_dir / c / "learning.json").exists()}
+    if not cells:
+        print(f"no cell of the map under {map_dir} (expected {map_dir}/CONDITION/learning.json)")
+        return 1
+    missing = [c for c in CONDITIONS if c not in cells]
+    partial = [c for c, d in cells.items() if not d.get("is_map_cell")]
+    table, gaps = map_table(cells)
+    print(table)
+    if missing:
+        print(f"cells missing: {missing}")
+    if partial:
+        print(f"cells that are not complete map cells (seeds, iterations or eval tasks differ): {partial}")
+    (map_dir / "map.json").write_text(json.dumps({
+        "primary_metric": PRIMARY_METRIC, "gaps_to_grpo": gaps, "missing": missing, "partial": partial,
+        "seeds": {c: d["seeds"] for c, d in cells.items()}, "table": table}, indent=1, default=float))
+    plot_map(gaps, map_dir / "map.png")
+    print(f"json: {map_dir / 'map.json'}")
+    return 0
+
+
+def plot_map(gaps: dict, path) -> None:
+    """One panel per axis of ``MAP_AXES``: for each cell present, each arm's gap to GRPO (pp) with its 95 %
+    interval as an error bar, arms side by side; a dashed line at 0 (= GRPO)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red"}
+    arms = [arm for arm in ARMS if arm != "GRPO"]
+    fig, axes = plt.subplots(1, len(MAP_AXES), figsize=(5 * len(MAP_AXES), 4.2), sharey=True)
+    for ax, (axis, conds) in zip(axes, MAP_AXES.items()):
+        conds = [c for c in conds if c in gaps]
+        for j, arm in enumerate(arms):
+            xs, ms, los, his = [], [], [], []
+            for i, c in enumerate(conds):
+                g = gaps[c].get(arm)
+                if g is None:
+                    continue
+                lo, hi = g["ci95_pp"]
+                xs.append(i + (j - (len(arms) - 1) / 2) * 0.18)
+                ms.append(g["gap_pp"])
+                los.append(g["gap_pp"] - lo if np.isfinite(lo) else 0.0)
+                his.append(hi - g["gap_pp"] if np.isfinite(hi) else 0.0)
+            if xs:
+                ax.errorbar(xs, ms, yerr=[los, his], fmt="o", capsize=4, color=colors[arm], label=arm)
+        ax.axhline(0.0, color="tab:orange", ls="--", lw=1, label="GRPO")
+        ax.set_xticks(range(len(conds)))
+        ax.set_xticklabels([MAP_AXIS_LABELS.get((axis, c), CONDITIONS[c]["label"]) for c in conds])
+        ax.set(title=f"against {axis}", xlim=(-0.6, max(len(conds), 1) - 0.4))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"gap to GRPO, pp ({METRICS[PRIMARY_METRIC][0]}, last 3 evaluations)")
+    axes[0].legend(loc="best")
+    fig.suptitle("Where step credit pays: gap to GRPO per arm, mean and 95% t interval over seeds (corridor)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

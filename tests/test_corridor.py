@@ -142,3 +142,62 @@ def test_left_right_variant_used_by_the_learning_benchmark():
     assert not any(generate_corridor(i, 12, 2) in train_layouts for i in EVAL_IDS)
     with pytest.raises(ValueError, match="directions must be 2"):
         CorridorEnv(directions=3)
+
+
+# ------------------------------------------------------------------ the map's options (issue 35)
+def test_defaults_unchanged_by_the_map_options():
+    env = CorridorEnv(directions=2, max_turns=30)
+    obs, info = env.reset(0, 0)
+    assert obs == "room 1: left niche, right arch" and env.anchor_state(obs) == obs
+    assert "trapped" not in info and info["task_type"] == "corridor12-lr"
+
+
+def test_turn_nuisance_separates_one_place_reached_at_two_turns_and_the_hook_drops_it():
+    env = CorridorEnv(directions=2, max_turns=30, nuisance="turn")
+    first, info = env.reset(0, 0)
+    assert first == "room 1: left niche, right arch\nturn 0" and info["task_type"] == "corridor12-lr-turn"
+    env.step("left")  # into the niche
+    again, *_ = env.step("right")  # back out: the same place two turns later
+    assert again == "room 1: left niche, right arch\nturn 2"
+    assert again != first and env.anchor_state(again) == again  # exact anchors no longer match
+    hooked = CorridorEnv(directions=2, max_turns=30, nuisance="turn", anchor_drops_nuisance=True)
+    assert hooked.anchor_state(first) == hooked.anchor_state(again) == "room 1: left niche, right arch"
+
+
+def test_clock_nuisance_never_repeats_across_instances_and_the_hook_drops_it():
+    a = CorridorEnv(directions=2, nuisance="clock", anchor_drops_nuisance=True)
+    b = CorridorEnv(directions=2, nuisance="clock", anchor_drops_nuisance=True)
+    obs = [a.reset(0, 0)[0], b.reset(0, 0)[0]] + [e.step("right")[0] for e in (a, b)]
+    assert len(set(obs)) == 4  # the same two states in two envs: four different observations
+    stamps = [int(o.split("\nclock ")[1]) for o in obs]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 4
+    assert [a.anchor_state(o) for o in obs] == ["room 1: left niche, right arch"] * 2 + [
+        "room 2: left stairs, right niche"] * 2
+    plain = CorridorEnv(directions=2, nuisance="clock")
+    assert plain.anchor_state(obs[0]) == obs[0]
+    with pytest.raises(ValueError, match="nuisance must be None, 'turn' or 'clock', got 'time'"):
+        CorridorEnv(nuisance="time")
+
+
+def test_trap_door_ends_the_episode_with_reward_0_at_the_known_door():
+    from gigpo_trl.envs.corridor import trap_room
+
+    assert [trap_room(t, 12) for t in range(5)] == [0, 9, 7, 3, 3]
+    env = CorridorEnv(directions=2, max_turns=30, trap_door=True)
+    obs, info = env.reset(3, 0)  # task 3: room 4 (index 3) has the trap; its dead end is the left closet
+    assert info["trapped"] is False and info["task_type"] == "corridor12-lr-trap"
+    assert obs == "room 1: left closet, right arch"
+    obs, reward, done, info = env.step("left")  # room 1's dead end is an ordinary one
+    assert (obs, reward, done) == ("closet off room 1: right way out", 0.0, False)
+    env.step("right")
+    for _ in range(3):
+        env.step("right")  # the passages of rooms 1-3
+    assert env.render() == "room 4: left closet, right stairs"
+    obs, reward, done, info = env.step("left")
+    assert (obs, reward, done, info["trapped"], info["won"], info["turn"]) == (
+        "trap door in room 4: you fell", 0.0, True, True, False, 6)
+    assert env.step("right")[1:3] == (0.0, True)  # over: nothing more happens
+    # the shortest path never touches the trap: reward 1 in 12 turns as without it
+    env.reset(3, 0)
+    total = sum(env.step(m)[1] for m in env.shortest_path_actions())
+    assert (total, env.won, env.turn) == (1.0, True, 12)

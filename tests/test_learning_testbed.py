@@ -232,3 +232,84 @@ def test_iters_to_counts_only_full_windows():
     assert learning.iters_to([0.5] * 5) == 5
     assert learning.iters_to([0.9] * 4) is None  # never a full window
     assert learning.iters_to([0.1] * 10) is None
+
+
+# ------------------------------------------------------------------ the map (issue 35)
+def test_map_seeds_are_fresh_and_apart_from_the_design_seeds():
+    used = set(range(0, 12)) | set(range(100, 105)) | set(range(200, 210)) | set(range(300, 305)) | set(range(500, 510))
+    assert len(learning.MAP_SEEDS) >= 8 and learning.MAP_EVAL_TASKS >= 128
+    assert not (set(learning.MAP_SEEDS) | set(learning.MAP_DESIGN_SEEDS)) & used
+    assert not set(learning.MAP_SEEDS) & set(learning.MAP_DESIGN_SEEDS)
+    assert {c for cs in learning.MAP_AXES.values() for c in cs} == set(learning.CONDITIONS)
+
+
+def test_condition_settings_reach_the_env_and_the_config():
+    a = learning.parse_args(["--condition", "clock_sim", "--iterations", "20"])
+    assert (a.length, a.max_turns, a.nuisance, a.anchor_similarity_threshold, a.eval_tasks, a.seeds) == (
+        12, 30, "clock", 0.9, 128, learning.MAP_SEEDS)
+    assert a.arms == ["GiGPO", "GRPO", "HGPO"]
+    env = learning.env_factory_for(a)()
+    obs, _ = env.reset(task=5)
+    assert obs.startswith("room 1: left arch, right closet\nclock ")
+    assert env.anchor_state(obs) == obs  # exact anchors see the nuisance
+    cfg = learning.make_config(a, "/tmp/x", learning.ARMS["GiGPO"], 600)
+    assert cfg.anchor_similarity_threshold == 0.9 and cfg.max_turns == 30
+    hook = learning.parse_args(["--condition", "clock_hook", "--iterations", "20"])
+    env = learning.env_factory_for(hook)()
+    obs, _ = env.reset(task=5)
+    assert env.anchor_state(obs) == "room 1: left arch, right closet"
+    assert learning.make_config(hook, "/tmp/x", learning.ARMS["GraphGPO"], 600).anchor_similarity_threshold is None
+    h24 = learning.parse_args(["--condition", "h24", "--iterations", "20"])
+    assert (h24.length, h24.max_turns, h24.walk_turns) == (24, 60, 72)
+    trap = learning.env_factory_for(learning.parse_args(["--condition", "trap", "--iterations", "20"]))()
+    trap.reset(task=3)  # task 3: the trap is room 4's left closet (tests/test_corridor.py)
+    for door in ("arch", "stairs", "arch"):
+        trap.step(door)
+    _, reward, done, info = trap.step("closet")
+    assert (reward, done, info["trapped"]) == (0.0, True, True)
+    # the default run is untouched
+    plain = learning.parse_args([])
+    assert (plain.condition, plain.nuisance, plain.trap_door, plain.eval_tasks) == (None, None, False, 64)
+    assert learning.env_factory_for(plain)().reset(task=5)[0] == "room 1: left arch, right closet"
+
+
+def test_condition_without_iterations_or_with_a_foreign_arm_is_refused():
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--condition", "h6"])
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--condition", "clock_sim", "--iterations", "10", "--arms", "GraphGPO"])
+    assert learning.parse_args(["--condition", "h6", "--quick"]).iterations == 3
+    # evaluations every I // 5 (at least 2) iterations: the headline's schedule at I = 10
+    for iters, every in ((10, 2), (30, 6), (40, 8)):
+        a = learning.parse_args(["--condition", "h6", "--iterations", str(iters)])
+        assert (a.eval_every, a.eval_every_early) == (every, every)
+    assert learning.eval_schedule(30, 6, 6) == [6, 12, 18, 24, 30]
+
+
+def test_map_report_table_and_figure_from_cells(tmp_path):
+    def cell(name, gaps, seeds=learning.MAP_SEEDS):
+        folder = tmp_path / name
+        folder.mkdir()
+        d = {"seeds": seeds, "is_map_cell": seeds == learning.MAP_SEEDS, "gaps": {
+            f"{arm}-GRPO/T=1": {"gap_pp": m, "ci95_pp": [m - 2.0, m + 3.0]} for arm, m in gaps.items()}}
+        (folder / "learning.json").write_text(json.dumps(d))
+
+    cell("h12", {"GiGPO": 3.0, "HGPO": 5.5, "GraphGPO": 1.0})
+    cell("clock", {"GiGPO": -0.5, "HGPO": 0.2, "GraphGPO": 0.0}, seeds=[600, 601])
+    cell("clock_sim", {"GiGPO": 1.5, "HGPO": 2.0})
+    assert learning.main(["--map_report", "--map_dir", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "map.json").read_text())
+    assert d["gaps_to_grpo"]["h12"]["HGPO"] == {"gap_pp": 5.5, "ci95_pp": [3.5, 8.5]}
+    assert "GraphGPO" not in d["gaps_to_grpo"]["clock_sim"]
+    assert d["missing"] == ["h6", "h24", "clock_hook", "trap"] and d["partial"] == ["clock"]
+    assert "+5.5 [  +3.5,   +8.5]" in d["table"]
+    assert (tmp_path / "map.png").stat().st_size > 10_000
+    assert learning.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1
+
+
+def test_a_complete_cell_reports_to_its_results_folder_and_a_partial_one_does_not():
+    a = learning.parse_args(["--condition", "h12"])
+    assert learning.default_results_dir(a, learning.MAP_SEEDS).endswith(os.path.join("results", "map", "h12"))
+    assert learning.default_results_dir(a, learning.MAP_SEEDS[:4]) == a.output_dir
+    q = learning.parse_args(["--condition", "h12", "--quick"])
+    assert learning.default_results_dir(q, learning.MAP_SEEDS) == q.output_dir

@@ -34,6 +34,20 @@ the two doors of a room succeeds within ``max_turns`` = 2 * ``length`` turns wit
 binomial: at most ``length / 2`` wrong doors over ``length`` rooms). After ``max_turns`` turns the episode is
 cut (``done=True``, ``info["truncated"] = True``).
 
+Options for the learning benchmark's map (issue 35; all off by default, so the defaults above are unchanged):
+
+- ``nuisance``: a second observation line that carries no information about the state, as many real
+  environments show. ``"turn"``: ``turn T`` (the turns taken so far: the same place reached after a different
+  number of turns no longer gives the same observation); ``"clock"``: ``clock C``, where ``C`` is a process-wide
+  counter of rendered observations (``CLOCK``), so within one process no two observations are ever identical and
+  exact anchors never match.
+- ``anchor_drops_nuisance``: ``anchor_state()`` returns the observation without the nuisance line (the remedy a
+  user with such an environment can write); without it the anchor is the observation.
+- ``trap_door``: in one room per task (``trap_room``, drawn from the task id), the dead-end door is a trap door:
+  walking through it ends the episode at once with reward 0 (``info["trapped"] = True``). It reads like any
+  dead end (``closet``/``niche``), so avoiding it is the same skill as avoiding dead ends, but the mistake is
+  local and irreversible instead of costing two turns.
+
 Tasks: a task is an integer id, the seed of the room layout (``generate_corridor``). ``tasks("train")`` holds
 ids ``0 .. 9999``, ``tasks("eval")`` (= ``"test"``) ids ``1_000_000 .. 1_000_499``. With 4 * 3 * 2 * 2 = 48
 layouts per room, two ids give the same 12-room corridor with probability 48**-12; ``tests/test_corridor.py``
@@ -42,6 +56,7 @@ checks that no eval layout occurs in the train split.
 
 from __future__ import annotations
 
+import itertools
 import random
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -73,6 +88,16 @@ PROMPT_TEMPLATE = (
 )
 
 INSTRUCTION = "Walk through every room to the exit behind the last one."
+
+NUISANCES = ("turn", "clock")
+#: Process-wide counter behind ``nuisance="clock"``: every rendered observation draws the next value.
+CLOCK = itertools.count(1)
+
+
+def trap_room(task_id: int, length: int) -> int:
+    """Index (0-based) of the room whose dead end is a trap door in corridor ``task_id`` with ``trap_door=True``,
+    drawn from ``random.Random(f"trap-{length}-{task_id}")``."""
+    return random.Random(f"trap-{length}-{int(task_id)}").randrange(length)
 
 
 class Room(NamedTuple):
@@ -109,9 +134,15 @@ class CorridorEnv(TextEnv):
             move never needs more than reading which of ``left``/``right`` the observation names.
         success_reward (`float`, defaults to 1.0): reward for leaving the last room.
         max_turns (`int`, *optional*): turn limit; defaults to ``2 * length``.
+        nuisance (`str`, *optional*): ``None`` (default), ``"turn"`` or ``"clock"``: a second observation line
+            that never helps (module doc).
+        anchor_drops_nuisance (`bool`, defaults to `False`): ``anchor_state()`` drops the nuisance line.
+        trap_door (`bool`, defaults to `False`): the dead end of room ``trap_room(task, length)`` ends the episode
+            with reward 0.
 
     Raises:
-        ValueError: ``length < 1``, ``max_turns < 1`` or ``directions`` not 2 or 4.
+        ValueError: ``length < 1``, ``max_turns < 1``, ``directions`` not 2 or 4, or ``nuisance`` not one of
+            ``None``, ``"turn"``, ``"clock"``.
 
     Example::
 
@@ -128,7 +159,10 @@ class CorridorEnv(TextEnv):
     invalid_action = "<invalid>"
 
     def __init__(self, length: int = 12, success_reward: float = 1.0, max_turns: int | None = None,
-                 directions: int = 4):
+                 directions: int = 4, nuisance: str | None = None, anchor_drops_nuisance: bool = False,
+                 trap_door: bool = False):
+        if nuisance is not None and nuisance not in NUISANCES:
+            raise ValueError(f"nuisance must be None, 'turn' or 'clock', got {nuisance!r}")
         if directions not in (2, 4):
             raise ValueError(f"directions must be 2 (left/right) or 4 (up/down/left/right), got {directions!r}")
         if int(length) < 1:
@@ -139,7 +173,13 @@ class CorridorEnv(TextEnv):
         self.directions = int(directions)
         self.success_reward = float(success_reward)
         self.max_turns = int(max_turns) if max_turns is not None else 2 * self.length
-        self.task_type = f"corridor{self.length}" + ("" if self.directions == 4 else "-lr")
+        self.nuisance = nuisance
+        self.anchor_drops_nuisance = bool(anchor_drops_nuisance)
+        self.trap_door = bool(trap_door)
+        self.task_type = (f"corridor{self.length}" + ("" if self.directions == 4 else "-lr")
+                          + (f"-{nuisance}" if nuisance else "") + ("-trap" if self.trap_door else ""))
+        self.trap_room = -1  # index of the room whose dead end is a trap door (-1: none)
+        self.trapped = False
         self.rooms: tuple[Room, ...] = ()
         self.room = 0  # index of the current room; == length after the exit
         self.in_dead_end = False
@@ -155,6 +195,8 @@ class CorridorEnv(TextEnv):
         task_id = task if task is not None else (seed if seed is not None else 0)
         self.task = int(task_id)
         self.rooms = generate_corridor(self.task, self.length, self.directions)
+        self.trap_room = trap_room(self.task, self.length) if self.trap_door else -1
+        self.trapped = False
         self.room = 0
         self.in_dead_end = False
         self.done = False
@@ -173,6 +215,8 @@ class CorridorEnv(TextEnv):
             if self.in_dead_end:
                 if move == OPPOSITE[room.dead_end]:
                     self.in_dead_end = False
+            elif move == room.dead_end and self.room == self.trap_room:
+                self.done = self.trapped = True  # the trap door: the episode ends, no reward
             elif move == room.dead_end:
                 self.in_dead_end = True
             elif move == room.passage:
@@ -190,9 +234,26 @@ class CorridorEnv(TextEnv):
 
     # ------------------------------------------------------------------ helpers
     def render(self) -> str:
-        """The observation: what lies in each direction of the current room or dead end (see module doc)."""
+        """The observation: what lies in each direction of the current room or dead end, then the nuisance line
+        if any (see module doc)."""
         if not self.rooms:
             return ""
+        text = self._render_state()
+        if self.nuisance == "turn":
+            return f"{text}\nturn {self.turn}"
+        if self.nuisance == "clock":
+            return f"{text}\nclock {next(CLOCK)}"
+        return text
+
+    def anchor_state(self, observation):
+        """The observation, or (``anchor_drops_nuisance``) its first line: the state without the nuisance."""
+        if self.anchor_drops_nuisance:
+            return str(observation).split("\n", 1)[0]
+        return observation
+
+    def _render_state(self) -> str:
+        if self.trapped:
+            return f"trap door in room {self.room + 1}: you fell"
         if self.room >= self.length:
             return "outside: you found the exit"
         room = self.rooms[self.room]
@@ -233,5 +294,7 @@ class CorridorEnv(TextEnv):
             "in_dead_end": self.in_dead_end,
             "turn": self.turn,
         }
+        if self.trap_door:
+            info["trapped"] = self.trapped
         info.update(extra)
         return info
