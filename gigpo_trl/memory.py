@@ -20,7 +20,7 @@ vocabulary V):
 ``6h + 3m`` counts the values a Llama/Qwen decoder layer saves for its backward per token (two RMSNorms, input and
 output each; the attention's query and output, key and value counted as h; the MLP's gate, its SiLU and the up
 projection). The three constants are fitted to the default model on a CPU (SmolLM2-135M-Instruct, fp32, LoRA,
-rows of 500-1,000 tokens; ``python benchmarks/bench_memory.py --default-model``, README "Memory"): peak RSS grew
+rows of 500-1,000 tokens; ``python benchmarks/bench_memory.py --default-model``, docs/memory.md): peak RSS grew
 1.33 MB per padded token with checkpointing (1 → 2 rows of 1,000 tokens) and 2.54 MB without (one row of 500 →
 1,000 tokens); the same forward/backward without TRL's LM head grew 0.52 MB per token with checkpointing, which
 sets ``RECOMPUTE_COPIES`` (14), the LM head's 0.79 MB the remainder (``LM_HEAD_COPIES`` 6), and 1.75 MB the layers
@@ -35,7 +35,7 @@ import os
 import warnings
 from pathlib import Path
 
-# Fitted to the CPU measurements of the default model (see the module docstring and README, "Memory").
+# Fitted to the CPU measurements of the default model (see the module docstring and docs/memory.md).
 RECOMPUTE_COPIES = 14.0
 NO_CHECKPOINTING_COPIES = 1.8
 LM_HEAD_COPIES = 6.0
@@ -167,7 +167,7 @@ def budget_memory_warning(
             f"max_tokens_per_microbatch (at most ~{fits} fits)")
     if not gradient_checkpointing:
         text += " or set gradient_checkpointing=True (1.9x less memory per token for the default model on a CPU)"
-    return text + " (see README, 'Memory')"
+    return text + " (see docs/memory.md)"
 
 
 def warn_if_budget_exceeds_memory(model, args, device) -> str | None:

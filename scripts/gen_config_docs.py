@@ -28,6 +28,13 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _type(cls: type, name: str) -> str:
+    # The source annotation (a string under `from __future__ import annotations`): HfArgumentParser rewrites
+    # `Field.type` in place once a parser has been built, so the field object would give another text.
+    annotation = cls.__annotations__[name]
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+
 def _default(f: dataclasses.Field) -> str:
     if f.default is not dataclasses.MISSING:
         return f"`{f.default!r}`"
@@ -99,21 +106,21 @@ def render() -> str:
         out += [f"## {title}", ""]
         if prose:
             out += [prose, ""]
-        rows = [(n, str(fields[n].type), _default(fields[n]), described[n]) for n in names if n in fields]
+        rows = [(n, _type(GiGPOConfig, n), _default(fields[n]), described[n]) for n in names if n in fields]
         listed.update(n for n, *_ in rows)
         if rows:
             out += _table(rows) + [""]
     rest = [n for n in own if n not in listed]
     if rest:
         out += ["## Other fields (from the field's help; not yet in the class docstring)", ""]
-        out += _table([(n, str(fields[n].type), _default(fields[n]),
+        out += _table([(n, _type(GiGPOConfig, n), _default(fields[n]),
                         described.get(n) or fields[n].metadata["help"]) for n in rest]) + [""]
 
     out += ["## The example jobs' own flags (`examples/train_*.py`, `gigpo_trl.job.JobArguments`)", "",
             "Parsed with TRL's `TrlParser` next to `GiGPOConfig` and TRL's `ModelConfig` (`--model_name_or_path`, "
             "`--use_peft`, `--lora_r`, ...), so `--config file.yaml` and command-line overrides both work; "
             "`--help` lists the job's and GiGPO's flags first.", ""]
-    out += _table([(f.name, str(f.type), _default(f), f.metadata.get("help", ""))
+    out += _table([(f.name, _type(JobArguments, f.name), _default(f), f.metadata.get("help", ""))
                    for f in dataclasses.fields(JobArguments)]) + [""]
 
     out += ["## The example jobs' defaults (`gigpo_trl.job.EXAMPLE_DEFAULTS`)", "",

@@ -45,8 +45,7 @@ def test_warning_names_the_numbers_and_the_knobs():
         "max_tokens_per_microbatch=16384 padded tokens x ~1.05 MB per token (estimated, without gradient "
         "checkpointing) = 17.2 GB for one forward/backward, more than the 8 GB of memory available: the training "
         "step may run out of memory. Lower max_tokens_per_microbatch (at most ~7629 fits) or set "
-        "gradient_checkpointing=True (1.9x less memory per token for the default model on a CPU) (see README, "
-        "'Memory')")
+        "gradient_checkpointing=True (1.9x less memory per token for the default model on a CPU) (see docs/memory.md)")
     on = budget_memory_warning(16384, 2**20, 8_000_000_000, gradient_checkpointing=True)
     assert "gradient_checkpointing=True" not in on and "with gradient checkpointing" in on
     # At or under the memory available, or nothing to compare: no warning.
