@@ -56,7 +56,7 @@ def test_warning_names_the_numbers_and_the_knobs():
 
 
 def test_trainer_warns_once_at_init(tmp_path, tiny_tokenizer, monkeypatch):
-    from toy_env import CorridorEnv
+    from toy_env import LineWalkEnv
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
     from gigpo_trl.models import build_tiny_model
@@ -68,7 +68,7 @@ def test_trainer_warns_once_at_init(tmp_path, tiny_tokenizer, monkeypatch):
                        gradient_checkpointing=True, max_tokens_per_microbatch=4096)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        GiGPOTrainer(model, env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+        GiGPOTrainer(model, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
     ours = [str(w.message) for w in caught if "max_tokens_per_microbatch=4096" in str(w.message)]
     # On the CPU: 512 + 43,008 bytes (test_estimate_on_hand_values) + 6 x 4 x V of the LM head per token.
     per_token = 43520 + 24 * len(tiny_tokenizer)
