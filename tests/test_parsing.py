@@ -1,3 +1,5 @@
+"""gigpo_trl/parsing.py: a completion's <think>/<action> blocks -> the action and its validity."""
+
 import pytest
 
 from gigpo_trl.parsing import parse_action

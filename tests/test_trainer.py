@@ -1,4 +1,4 @@
-"""GiGPOTrainer on CPU with a tiny random model and the toy corridor environment."""
+"""GiGPOTrainer on CPU with a tiny random model and the toy line-walk environment (tests/toy_env.py)."""
 
 import numpy as np
 import pytest
