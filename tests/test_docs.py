@@ -2,7 +2,8 @@
 scripts/gen_config_docs.py generates.
 
 Python blocks run for real, in order, one namespace per page, with the default model replaced by the tiny test model
-(so a snippet that trains does so in seconds). Shell commands are checked without running them: `accelerate launch`
+(so a snippet that trains does so in seconds; `scripts/run_doc_blocks.py` runs them as written, with the
+default model). Shell commands are checked without running them: `accelerate launch`
 through accelerate's own parser, the example jobs' arguments through the job's parser (with `--config` files
 loaded), every script, config, test file and pip extra they name must exist. README's two install-and-run commands
 are pinned to .ci/run and examples/ in tests/test_job.py. A block of another kind (a new command form) fails here
