@@ -174,3 +174,16 @@ def test_config_docs_parse_every_field_of_the_docstring():
     sections, described = parse_docstring(doc)
     assert sections == [("First section", ["alpha", "beta"], ""), ("Prose section", [], "Free text about the section.")]
     assert described == {"alpha": "The first field.", "beta": "Second."}
+
+
+def test_relative_links_resolve():
+    """Every relative Markdown link of README.md, docs/*.md and tests/README.md points at an existing file."""
+    broken = []
+    for page in [*PAGES, REPO / "tests" / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path = target.split("#", 1)[0]
+            if path and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert not broken, broken
