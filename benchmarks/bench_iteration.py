@@ -3,7 +3,7 @@
     python benchmarks/bench_iteration.py            # 5 iterations after one warm-up iteration
     python benchmarks/bench_iteration.py --iterations 10
 
-Setup: the tests' tiny random Qwen2 (hidden 32, 2 layers) and offline BPE tokenizer, NoisyCorridorEnv (corridor
+Setup: the tests' tiny random Qwen2 (hidden 32, 2 layers) and offline BPE tokenizer, NoisyLineWalkEnv (corridor
 lengths 3-6), 2 task groups x 4 rollouts per iteration, max_turns 4, max_completion_length 12, CPU, one thread.
 Prints per-iteration wall seconds (TRL's step_time), rollout seconds, advantage seconds and rows, then the means.
 """
@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import CORPUS  # noqa: E402
-from toy_env import NoisyCorridorEnv  # noqa: E402
+from toy_env import NoisyLineWalkEnv  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> None:
             gradient_checkpointing=False, learning_rate=5e-2, report_to="none", save_strategy="no",
             logging_steps=1, use_cpu=True, seed=0, disable_tqdm=True, gradient_accumulation_steps=2,
         )
-        trainer = GiGPOTrainer(model, env=NoisyCorridorEnv, args=args, processing_class=tokenizer)
+        trainer = GiGPOTrainer(model, env=NoisyLineWalkEnv, args=args, processing_class=tokenizer)
         trainer.train()
     logs = [e for e in trainer.state.log_history if "rollout/rows" in e][1:]  # drop the warm-up iteration
     print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'adv ms':>8} {'rows':>5} {'gen calls':>9}")

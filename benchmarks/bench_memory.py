@@ -32,7 +32,7 @@ setting, each setting in a fresh subprocess with the default allocator (what `/u
 checkpointing on (`use_reentrant=False`) at the budgets `--gc-budgets`, off at `--no-gc-budgets`. Printed per
 setting: peak RSS of the process (`ru_maxrss`, MiB), its growth during `trainer.train()` over the RSS before it,
 rows per forward, seconds of the step; then the growth per padded token between the smallest and largest budget of
-each mode (the slope that README's "Memory" table extrapolates). Without checkpointing keep the budgets small:
+each mode (the slope that docs/memory.md's table extrapolates). Without checkpointing keep the budgets small:
 ~2.4 MiB per token (2 x 1,000 tokens ~6 GiB).
 """
 

@@ -97,13 +97,13 @@ class JobArguments:
 WARMUP_CPU_DEFAULTS = {"warmup_episodes": 12, "warmup_epochs": 2.0, "warmup_learning_rate": 1e-3,
                        "warmup_perturb_rate": 0.0}
 # On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
-# (README, "Memory"): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
+# (docs/memory.md): gradient checkpointing (non-reentrant; less activation memory per token and no slower on a
 # CPU) and a budget of 1,024 padded tokens per forward/backward (two WebShop rows of ~470 tokens, or one of 1,000).
 CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
                 "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024,
                 **WARMUP_CPU_DEFAULTS}
 
-# Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; README's quick start
+# Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; benchmarks/README.md
 # gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the
 # paper-scale settings.
 _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_length": 2,

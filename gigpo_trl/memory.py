@@ -164,7 +164,7 @@ def budget_memory_warning(
             f"max_tokens_per_microbatch (at most ~{fits} fits)")
     if not gradient_checkpointing:
         text += " or set gradient_checkpointing=True (1.9x less memory per token for the default model on a CPU)"
-    return text + " (see README, 'Memory')"
+    return text + " (see docs/memory.md)"
 
 
 def warn_if_budget_exceeds_memory(model, args, device) -> str | None:

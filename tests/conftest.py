@@ -24,6 +24,42 @@ CORPUS = [
 ] * 20
 
 
+# A one-iteration GiGPOConfig on the tiny model: 1 task group of 4 rollouts x 3 turns per process, CPU, nothing saved.
+TINY_RUN = dict(num_generations=4, per_device_train_batch_size=4, steps_per_generation=2, max_steps=1, max_turns=3,
+                max_completion_length=8, bf16=False, gradient_checkpointing=False, report_to="none",
+                save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True)
+
+
+def tiny_run_config(folder, subdir: str | None = "out", **overrides):
+    """``GiGPOConfig(**TINY_RUN, **overrides)`` writing to ``folder / subdir`` (``subdir=None``: ``folder`` itself).
+    Test files bind their own values once, e.g. ``make_args = partial(tiny_run_config, learning_rate=1e-2)``; a
+    call's keywords override those."""
+    from gigpo_trl import GiGPOConfig
+
+    output_dir = Path(folder) / subdir if subdir else Path(folder)
+    return GiGPOConfig(**{**TINY_RUN, "output_dir": str(output_dir), **overrides})
+
+
+def tiny_train_config(folder, **overrides):
+    """:func:`tiny_run_config` for tests that train and read the logs: 4 turns, 12-token completions, a learning
+    rate that visibly moves the tiny model's weights (5e-2), a log every step."""
+    return tiny_run_config(folder, **{"max_turns": 4, "max_completion_length": 12, "learning_rate": 5e-2,
+                                      "logging_steps": 1, **overrides})
+
+
+def capture_rollouts(trainer) -> list:
+    """The trainer's collector keeps appending each :class:`RolloutBatch` it returns to the list returned here."""
+    batches = []
+    collect = trainer.collector.collect
+
+    def wrapped(*args, **kwargs):
+        batches.append(collect(*args, **kwargs))
+        return batches[-1]
+
+    trainer.collector.collect = wrapped
+    return batches
+
+
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import datasets
 import pytest
-from toy_env import CorridorEnv
+from conftest import tiny_run_config
+from toy_env import LineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
 from gigpo_trl.envs.base import TextEnv, check_env
@@ -23,14 +24,7 @@ BASE = dict(output_dir="unused", per_device_train_batch_size=4, steps_per_genera
             use_cpu=True, bf16=False)
 
 
-def make_args(tmp_path, **overrides):
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
-        max_steps=1, max_turns=3, max_completion_length=8, bf16=False, gradient_checkpointing=False,
-        report_to="none", save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
-    )
-    kwargs.update(overrides)
-    return GiGPOConfig(**kwargs)
+make_args = tiny_run_config  # tests/conftest.py: 4 rollouts x 3 turns, one iteration
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -82,7 +76,7 @@ def test_env_step_timeout_without_workers_warns_at_init():
 
 
 # ----------------------------------------------------------------------------------------------- trainer init
-class BadObsEnv(CorridorEnv):
+class BadObsEnv(LineWalkEnv):
     """reset returns a dict observation and the env defines no anchor_state hook."""
 
     anchor_state = TextEnv.anchor_state  # explicitly the default: no hook
@@ -99,17 +93,17 @@ class DictObsWithHookEnv(BadObsEnv):
         return observation["text"]
 
 
-class ResetRaisesEnv(CorridorEnv):
+class ResetRaisesEnv(LineWalkEnv):
     def reset(self, task, seed=None):
         raise OSError(f"game file for task {task} is missing")
 
 
-class ResetReturnsObsOnlyEnv(CorridorEnv):
+class ResetReturnsObsOnlyEnv(LineWalkEnv):
     def reset(self, task, seed=None):
         return super().reset(task, seed)[0]
 
 
-class LongObsEnv(CorridorEnv):
+class LongObsEnv(LineWalkEnv):
     """The observation grows by 40 characters per turn: the first prompts fit, a later one does not."""
 
     def _obs(self):
@@ -131,7 +125,7 @@ def test_trainer_rejects_missing_env_and_unknown_name(tmp_path, tiny_model_dir):
     with pytest.raises(TypeError, match="args must be a GiGPOConfig, got TrainingArguments"):
         from transformers import TrainingArguments
 
-        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True))
+        GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True))
 
 
 def test_dataset_too_small_and_missing_task_column(tmp_path, tiny_model_dir, tiny_tokenizer):
@@ -139,11 +133,11 @@ def test_dataset_too_small_and_missing_task_column(tmp_path, tiny_model_dir, tin
     one_task = datasets.Dataset.from_dict({"task": [4], "seed": [0]})
     with pytest.raises(ValueError, match=r"train_dataset has 1 tasks, but one generation batch needs 2 distinct tasks "
                                          r"\(generation_batch_size=8 / num_generations=4\)"):
-        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=one_task,
+        GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=one_task,
                      processing_class=tiny_tokenizer)
     no_task = datasets.Dataset.from_dict({"prompt": ["a", "b", "c"], "seed": [0, 1, 2]})
     with pytest.raises(ValueError, match=r"train_dataset has no 'task' column \(columns: \['prompt', 'seed'\]\)"):
-        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=no_task,
+        GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=no_task,
                      processing_class=tiny_tokenizer)
 
 
@@ -172,7 +166,7 @@ def test_env_reset_failing_on_first_task_fails_at_init(tmp_path, tiny_model_dir,
 def test_env_routing_checks_every_env_at_init(tmp_path, tiny_model_dir, tiny_tokenizer):
     tasks = datasets.Dataset.from_dict({"task": [4, 5, 4, 5], "seed": [0, 1, 2, 3], "env": ["ok", "bad"] * 2})
     with pytest.raises(TypeError, match="first training task 5: BadObsEnv.reset returned a dict"):
-        GiGPOTrainer(tiny_model_dir, env={"ok": CorridorEnv, "bad": BadObsEnv}, args=make_args(tmp_path),
+        GiGPOTrainer(tiny_model_dir, env={"ok": LineWalkEnv, "bad": BadObsEnv}, args=make_args(tmp_path),
                      train_dataset=tasks, processing_class=tiny_tokenizer)
 
 
@@ -180,14 +174,14 @@ def test_tokenizer_without_chat_template(tmp_path, tiny_model_dir, tiny_tokenize
     tokenizer = copy.deepcopy(tiny_tokenizer)
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="the tokenizer has no chat template, and GiGPO prompts are chat messages"):
-        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tokenizer)
+        GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=make_args(tmp_path), processing_class=tokenizer)
 
 
 def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
     # even the first prompt (no history) is longer than max_prompt_length: caught at init
     with pytest.raises(ValueError, match=r"prompt of task 3 at turn 0 has \d+ tokens, more than max_prompt_length=16 "
                                          r"even with no history; raise max_prompt_length"):
-        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=16),
+        GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=make_args(tmp_path, max_prompt_length=16),
                      processing_class=tiny_tokenizer)
     # the first prompts fit, a later one does not even after dropping the history: at rollout time that fails
     # the trajectory (recorded with the message, logged), it does not raise inside the turn loop
@@ -215,26 +209,26 @@ def test_prompt_plus_completion_beyond_the_context_fails_at_init(tmp_path, tiny_
     model = build_tiny_model(tiny_tokenizer, max_positions=4096)
     with pytest.raises(ValueError, match=r"max_prompt_length=60000 \+ max_completion_length=8 = 60008 is more than the "
                                          r"model's context of 4096 positions \(max_position_embeddings\)"):
-        GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=60000),
+        GiGPOTrainer(model, env=LineWalkEnv, args=make_args(tmp_path, max_prompt_length=60000),
                      processing_class=tiny_tokenizer)
     with pytest.raises(ValueError, match=r"= 4097 is more than the model's context of 4096"):
-        GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=4089),
+        GiGPOTrainer(model, env=LineWalkEnv, args=make_args(tmp_path, max_prompt_length=4089),
                      processing_class=tiny_tokenizer)
-    trainer = GiGPOTrainer(model, env=CorridorEnv, args=make_args(tmp_path, max_prompt_length=4088),
+    trainer = GiGPOTrainer(model, env=LineWalkEnv, args=make_args(tmp_path, max_prompt_length=4088),
                            processing_class=tiny_tokenizer)  # exactly the context: accepted
     assert trainer.collector.max_prompt_length == 4088
     trainer.collector.close()
 
 
 def test_evaluate_rejects_dataset_without_task(tmp_path, tiny_model_dir, tiny_tokenizer):
-    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
     with pytest.raises(ValueError, match=r"eval_dataset has no 'task' column \(columns: \['goal'\]\)"):
         trainer.evaluate(datasets.Dataset.from_dict({"goal": [1, 2]}))
     trainer.collector.close()
 
 
 # ----------------------------------------------------------------------------------------------- env values
-class NanRewardEnv(CorridorEnv):
+class NanRewardEnv(LineWalkEnv):
     """Returns a NaN reward for seed 1 and an infinite one for seed 2."""
 
     def reset(self, task, seed=None):

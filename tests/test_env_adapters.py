@@ -196,15 +196,15 @@ def test_trl_adapter_anchor_hook_and_bad_envs():
 
 
 def test_recognition_in_one_place():
-    from toy_env import CorridorEnv
+    from toy_env import LineWalkEnv
 
-    assert env_kind(TowerOfHanoi) == "trl" and env_kind(CorridorEnv) == "protocol"
+    assert env_kind(TowerOfHanoi) == "trl" and env_kind(LineWalkEnv) == "protocol"
     assert env_kind(GuessEnvironment) == "openenv"  # reset(seed, episode_id, ...)
     factory = as_env_factory(TowerOfHanoi)
     assert isinstance(factory, TRLToolEnv) and isinstance(factory(), TRLToolEnv) and factory() is not factory
     assert isinstance(as_env_factory(GuessEnvironment), OpenEnvEnv)
-    assert as_env_factory(CorridorEnv) is CorridorEnv  # our protocol: unchanged
-    partial = functools.partial(CorridorEnv, length=5)
+    assert as_env_factory(LineWalkEnv) is LineWalkEnv  # our protocol: unchanged
+    partial = functools.partial(LineWalkEnv, length=5)
     assert as_env_factory(partial) is partial
     explicit = TRLToolEnv(TowerOfHanoi, max_turns=4)
     assert as_env_factory(explicit) is explicit

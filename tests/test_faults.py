@@ -6,28 +6,22 @@ the i-th still-running trajectory, and the script can aim at one trajectory.
 """
 
 import logging
+from functools import partial
 
 import datasets
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_run_config
 from toy_env import FaultyEnv, FixedLengthEnv
 
-from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
+from gigpo_trl import GiGPOTrainer, compute_gigpo_advantages
 
 MAX_COMPLETION = 12
 WAIT = "<think>w</think><action>wait</action>"
 
 
-def make_args(tmp_path, **overrides):
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
-        max_steps=1, max_turns=3, max_completion_length=MAX_COMPLETION, bf16=False, gradient_checkpointing=False,
-        learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, seed=0,
-        disable_tqdm=True,
-    )
-    kwargs.update(overrides)
-    return GiGPOConfig(**kwargs)
+make_args = partial(tiny_run_config, max_completion_length=MAX_COMPLETION, learning_rate=1e-2, logging_steps=1)
 
 
 def expected_advantages(rows, penalty=0.1):

@@ -218,14 +218,14 @@ def test_graph_metrics_by_hand():
 
 
 def test_collector_records_next_anchor_and_trainer_passes_graph_options(tmp_path, tiny_model_dir, tiny_tokenizer):
-    from test_trainer import capture_rollouts, make_args
-    from toy_env import NoisyCorridorEnv
+    from conftest import capture_rollouts, tiny_train_config as make_args
+    from toy_env import NoisyLineWalkEnv
 
     from gigpo_trl import GiGPOTrainer
     from gigpo_trl.metrics import graph_metrics
 
     args = make_args(tmp_path, step_return="graph", gamma=0.2, graph_normalize_distance=True, max_turns=5)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     batches = capture_rollouts(trainer)
     trainer.model.train()
     out = trainer._generate_and_score_completions([{"task": 5, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)

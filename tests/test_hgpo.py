@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from toy_env import NoisyCorridorEnv
+from toy_env import NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
 from gigpo_trl.advantage import WEIGHT_EPS
@@ -382,11 +382,11 @@ def test_level_metrics():
 
 
 def test_trainer_passes_hgpo_options_and_logs_levels(tmp_path, tiny_model_dir, tiny_tokenizer):
-    from test_trainer import capture_rollouts, make_args
+    from conftest import capture_rollouts, tiny_train_config as make_args
 
     args = make_args(tmp_path, step_grouping="hierarchical", hierarchy_depth=2, hierarchy_alpha=0.5,
                      hierarchy_base_group=True, max_turns=5)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     batches = capture_rollouts(trainer)
     trainer.model.train()
     out = trainer._generate_and_score_completions([{"task": 5, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)

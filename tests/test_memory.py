@@ -45,8 +45,7 @@ def test_warning_names_the_numbers_and_the_knobs():
         "max_tokens_per_microbatch=16384 padded tokens x ~1.05 MB per token (estimated, without gradient "
         "checkpointing) = 17.2 GB for one forward/backward, more than the 8 GB of memory available: the training "
         "step may run out of memory. Lower max_tokens_per_microbatch (at most ~7629 fits) or set "
-        "gradient_checkpointing=True (1.9x less memory per token for the default model on a CPU) (see README, "
-        "'Memory')")
+        "gradient_checkpointing=True (1.9x less memory per token for the default model on a CPU) (see docs/memory.md)")
     on = budget_memory_warning(16384, 2**20, 8_000_000_000, gradient_checkpointing=True)
     assert "gradient_checkpointing=True" not in on and "with gradient checkpointing" in on
     # At or under the memory available, or nothing to compare: no warning.
@@ -57,7 +56,7 @@ def test_warning_names_the_numbers_and_the_knobs():
 
 
 def test_trainer_warns_once_at_init(tmp_path, tiny_tokenizer, monkeypatch):
-    from toy_env import CorridorEnv
+    from toy_env import LineWalkEnv
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
     from gigpo_trl.models import build_tiny_model
@@ -69,7 +68,7 @@ def test_trainer_warns_once_at_init(tmp_path, tiny_tokenizer, monkeypatch):
                        gradient_checkpointing=True, max_tokens_per_microbatch=4096)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        GiGPOTrainer(model, env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+        GiGPOTrainer(model, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
     ours = [str(w.message) for w in caught if "max_tokens_per_microbatch=4096" in str(w.message)]
     # On the CPU: 512 + 43,008 bytes (test_estimate_on_hand_values) + 6 x 4 x V of the LM head per token.
     per_token = 43520 + 24 * len(tiny_tokenizer)

@@ -5,8 +5,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from toy_env import NoisyCorridorEnv
-from test_trainer import capture_rollouts, make_args
+from toy_env import NoisyLineWalkEnv
+from conftest import capture_rollouts, tiny_train_config as make_args
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
 from gigpo_trl.config import BUDGET_LOSS_TYPES
@@ -98,7 +98,7 @@ def trainer_and_rows(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
     tmp = tmp_path_factory.mktemp("mb")
     args = make_args(tmp, max_tokens_per_microbatch=None, steps_per_generation=1, max_turns=4,
                      share_prompt_prefix=False)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     batches = capture_rollouts(trainer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; the tests call compute_loss directly
@@ -224,7 +224,7 @@ def test_one_sgd_step_same_update_with_budget(tmp_path, tiny_model_dir, tiny_tok
         args = make_args(tmp_path / f"{budget}-{loss_type}", max_tokens_per_microbatch=budget, optim="sgd",
                          learning_rate=0.5, steps_per_generation=2, gradient_accumulation_steps=2,
                          loss_type=loss_type, max_grad_norm=0.0, share_prompt_prefix=False)  # one forward per sub-batch
-        trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+        trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
         calls = []
 
         def policy(ids):  # fixed, varied completions: the same rows with and without the budget
@@ -266,5 +266,5 @@ def test_unknown_loss_type_and_moe_router_loss_are_rejected_with_budget(tmp_path
         pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
     )
     with pytest.raises(ValueError, match=r"MoE load-balancing loss \(router_aux_loss_coef=0.001\)"):
-        GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyCorridorEnv, args=make_args(tmp_path),
+        GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyLineWalkEnv, args=make_args(tmp_path),
                      processing_class=tiny_tokenizer)

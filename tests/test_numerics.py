@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_lora_model
-from toy_env import NoisyCorridorEnv
-from test_trainer import capture_rollouts, make_args
+from conftest import capture_rollouts, tiny_lora_model
+from conftest import tiny_train_config as make_args
+from toy_env import NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOTrainer, trl_compat
 from gigpo_trl.grad_accumulation import DeepSpeedStepGuard
@@ -76,7 +76,7 @@ def bf16_trainer(tmp_path_factory, tiny_tokenizer):
     model = build_tiny_model(tiny_tokenizer, hidden_size=64).to(torch.bfloat16)
     args = make_args(tmp, max_tokens_per_microbatch=400, steps_per_generation=2, gradient_accumulation_steps=1,
                      max_turns=4)
-    trainer = GiGPOTrainer(model, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(model, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     texts = ["<think>r</think><action>left</action>", "<think>going left now, slowly</think><action>left</action>",
              "<think>left</think><action>left</action> and some more words to make it long"]
     calls = []
@@ -269,20 +269,7 @@ def test_budget_off_entropy_bonus_keeps_trls_scaling(bf16_trainer):
     assert abs(scaled_all - ours) > 0.05  # what B/R on the whole loss gave: 0.6 x the bonus too much
 
 
-# ---------------------------------------------------------------------------------------------- resume, unwrap
-def test_resume_refuses_another_world_size(bf16_trainer, tmp_path):
-    from gigpo_trl.checkpoint import ROLLOUT_STATE_NAME
-
-    trainer, _ = bf16_trainer
-    folder = tmp_path / "checkpoint-3"
-    folder.mkdir()
-    for rank in (0, 1):
-        torch.save({"step": 3, "buffered_inputs": None}, folder / ROLLOUT_STATE_NAME.format(rank=rank))
-    with pytest.raises(ValueError, match=rf"^checkpoint {folder} was saved by 2 processes but this run has 1; "
-                                         r"resume with 2 processes \(its rollout buffers are per process\)$"):
-        trainer._load_optimizer_and_scheduler(str(folder))
-
-
+# ---------------------------------------------------------------------------------------------- unwrap
 def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
     """TRL's unwrap re-enables gradient checkpointing (and, under ZeRO-3, re-adds the parameter hooks) after its
     yield; here that runs although the block raised."""
@@ -364,7 +351,7 @@ def test_budget_off_moe_aux_loss_keeps_trls_scaling(bf16_trainer, tmp_path, tiny
         pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
     )
     args = make_args(tmp_path, max_tokens_per_microbatch=None, loss_type="grpo")
-    trainer = GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyCorridorEnv, args=args,
+    trainer = GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyLineWalkEnv, args=args,
                            processing_class=tiny_tokenizer)
     assert trainer.aux_loss_enabled
     trainer.model.train()

@@ -302,13 +302,13 @@ def test_trainer_runs_its_envs_in_ray_actors_from_the_config(ray_local, tmp_path
     (length, start) (3, 0), (4, 1), (6, 0), (5, 2) within 4 turns: wins in 2, 2, -, 2 turns."""
     import datasets
     from test_trainer import make_args
-    from toy_env import CorridorEnv
+    from toy_env import LineWalkEnv
 
     from gigpo_trl import GiGPOTrainer
 
     monkeypatch.setattr(ray_local, "init", lambda *a, **k: pytest.fail("ray.init called with Ray initialised"))
     args = make_args(tmp_path, env_backend="ray", num_env_workers=2, per_device_eval_batch_size=4)
-    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
     right = tiny_tokenizer.encode("<think>x</think><action>right</action>")
     trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
     try:

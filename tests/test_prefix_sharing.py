@@ -203,12 +203,12 @@ def test_unsupported_attention_is_named(tiny_tokenizer):
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
     from test_trainer import make_args
-    from toy_env import NoisyCorridorEnv
+    from toy_env import NoisyLineWalkEnv
 
     from gigpo_trl import GiGPOTrainer
 
     args = make_args(tmp_path_factory.mktemp("prefix"), beta=0.04, max_tokens_per_microbatch=None)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; these tests call the loss directly
     return trainer
 
@@ -322,7 +322,7 @@ def test_unsupported_model_falls_back_with_one_warning(trainer, tiny_tokenizer, 
 def test_rollout_rows_budgeted_shared_equals_unsplit_unshared(trainer, tiny_tokenizer, spy):
     """Real rollout rows (8 corridor episodes of <= 4 turns, 2 tasks): the budgeted loss with shared prefixes has the
     gradient of one unshared forward, and its forwards hold fewer padded tokens than the unshared sub-batches."""
-    from test_trainer import capture_rollouts
+    from conftest import capture_rollouts
 
     from gigpo_trl import GiGPOTrainer
 

@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from toy_env import NoisyCorridorEnv
+from toy_env import NoisyLineWalkEnv
 from transformers import TrainerCallback
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
@@ -55,7 +55,7 @@ def capture_batches(trainer):
 def tiny_run(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
     """Two iterations (one rollout per optimizer step, checkpoints at 1 and 2), an evaluation, the saved state."""
     out = tmp_path_factory.mktemp("records-run") / "run"
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(out), processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(out), processing_class=tiny_tokenizer)
     seen = capture_batches(trainer)
     trainer.train()
     trainer.evaluate(metric_key_prefix="eval_after")
@@ -121,7 +121,7 @@ def test_resume_neither_duplicates_nor_loses_an_iteration(tiny_run, tmp_path, ti
     (out / "records" / "train" / "iteration_000009.rank0.jsonl.gz").write_bytes(
         (out / "records" / "train" / "iteration_000002.rank0.jsonl.gz").read_bytes())
     before = load_records(out, iteration=1)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(out, max_steps=3, save_strategy="no"),
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(out, max_steps=3, save_strategy="no"),
                            processing_class=tiny_tokenizer)
     seen = capture_batches(trainer)
     trainer.train(resume_from_checkpoint=str(out / "checkpoint-1"))
@@ -139,7 +139,7 @@ def test_resume_neither_duplicates_nor_loses_an_iteration(tiny_run, tmp_path, ti
 
 def test_records_every_n_iterations(tmp_path, tiny_model_dir, tiny_tokenizer):
     args = make_args(tmp_path / "run", max_steps=3, save_strategy="no", rollout_records_every=2)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     trainer.train()
     assert sorted(record_files(tmp_path / "run")) == [1, 3]
     settings = json.loads((tmp_path / "run" / "records" / "settings.json").read_text())

@@ -2,26 +2,22 @@
 (same tasks rolled out, same advantages, same weights within a CPU tolerance)."""
 
 import copy
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from toy_env import NoisyCorridorEnv
+from conftest import tiny_run_config
+from toy_env import NoisyLineWalkEnv
 from transformers import TrainerCallback
 
-from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl import GiGPOTrainer
 from gigpo_trl.config import scrubbed_tokens
 
 
-def make_args(output_dir, **overrides):
-    kwargs = dict(
-        output_dir=str(output_dir), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
-        max_steps=3, max_turns=3, max_completion_length=10, bf16=False, gradient_checkpointing=False,
-        learning_rate=5e-2, report_to="none", save_strategy="steps", save_steps=1, logging_steps=1, use_cpu=True,
-        seed=0, disable_tqdm=True, save_only_model=False,
-    )
-    kwargs.update(overrides)
-    return GiGPOConfig(**kwargs)
+# Three iterations, a checkpoint after each; output_dir is the folder given (no 'out' below it).
+make_args = partial(tiny_run_config, subdir=None, max_steps=3, max_completion_length=10, learning_rate=5e-2,
+                    save_strategy="steps", save_steps=1, logging_steps=1, save_only_model=False)
 
 
 class StopAt(TrainerCallback):
@@ -63,7 +59,7 @@ def weights(model):
 
 
 def build(tiny_model_dir, tiny_tokenizer, output_dir, callbacks=None):
-    return GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(output_dir),
+    return GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(output_dir),
                         processing_class=tiny_tokenizer, callbacks=callbacks)
 
 
@@ -109,7 +105,7 @@ def test_resume_matches_uninterrupted(k, tmp_path, tiny_model_dir, tiny_tokenize
     for name in final:
         torch.testing.assert_close(final[name], weights_a[name], rtol=1e-4, atol=1e-5, msg=name)
     # the steps changed the weights (else the comparison above proves nothing)
-    initial = weights(GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(tmp_path / "init"),
+    initial = weights(GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(tmp_path / "init"),
                                    processing_class=tiny_tokenizer).model)
     assert any(not torch.allclose(initial[n], final[n]) for n in final)
     assert np.isfinite(resumed.state.log_history[-1]["train_loss"])
@@ -128,7 +124,7 @@ def test_hub_token_never_written_or_logged(tmp_path, tiny_model_dir, tiny_tokeni
     with scrubbed_tokens():
         assert secret.encode() not in pickle.dumps(args) and pickle.loads(pickle.dumps(args)).hub_token is None
     assert copy.deepcopy(args).hub_token == secret
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     trainer.train()
     files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert any(p.name == "training_args.bin" for p in files) and any(p.name == "README.md" for p in files)
@@ -140,3 +136,17 @@ def test_hub_token_never_written_or_logged(tmp_path, tiny_model_dir, tiny_tokeni
     out = capsys.readouterr()
     assert secret not in out.out + out.err + caplog.text
     assert secret not in repr(trainer.state.log_history)
+
+
+def test_resume_refuses_another_world_size(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from gigpo_trl.checkpoint import ROLLOUT_STATE_NAME
+
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(tmp_path / "run"),
+                           processing_class=tiny_tokenizer)
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    for rank in (0, 1):
+        torch.save({"step": 3, "buffered_inputs": None}, folder / ROLLOUT_STATE_NAME.format(rank=rank))
+    with pytest.raises(ValueError, match=rf"^checkpoint {folder} was saved by 2 processes but this run has 1; "
+                                         r"resume with 2 processes \(its rollout buffers are per process\)$"):
+        trainer._load_optimizer_and_scheduler(str(folder))

@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from toy_env import CorridorEnv
+from toy_env import LineWalkEnv
 
 from gigpo_trl.metrics import episode_metrics
 from gigpo_trl.rollout import RolloutCollector
@@ -23,7 +23,7 @@ class ScriptedPolicy:
         return out, None
 
 
-def make_collector(tokenizer, texts, env=CorridorEnv, **kwargs):
+def make_collector(tokenizer, texts, env=LineWalkEnv, **kwargs):
     policy = ScriptedPolicy(tokenizer, texts)
     tok = lambda msgs: tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,  # noqa: E731
                                                       return_dict=True)["input_ids"]
@@ -89,7 +89,7 @@ def test_history_length_bounds_prompt(tiny_tokenizer):
 
 
 def test_history_dropped_before_error(tiny_tokenizer):
-    factory = lambda: CorridorEnv(obs_padding=20)  # noqa: E731
+    factory = lambda: LineWalkEnv(obs_padding=20)  # noqa: E731
     collector, _ = make_collector(tiny_tokenizer, [LEFT], env=factory, max_turns=4, history_length=2)
     full = collector.collect([{"task": 6, "seed": 0}], group_ids=["g"])
     lengths = [len(r.prompt_ids) for r in full.rows]
@@ -107,7 +107,7 @@ def test_history_dropped_before_error(tiny_tokenizer):
     assert batch.rows == [] and batch.num_generate_calls == 0
 
 
-class GrowingObsEnv(CorridorEnv):
+class GrowingObsEnv(LineWalkEnv):
     """The observation of the task with seed 1 becomes 2,000 characters long from turn 3 on."""
 
     def reset(self, task, seed=None):
@@ -133,7 +133,7 @@ def test_prompt_too_long_at_a_later_turn_fails_only_its_trajectory(tiny_tokenize
     assert [r.trajectory_id for r in batch.rows] == [(0, 0)] * 5 and policy.calls == [2] * 5
 
 
-class FlakyEnv(CorridorEnv):
+class FlakyEnv(LineWalkEnv):
     """Raises on the second step of the task with seed 1."""
 
     def reset(self, task, seed=None):

@@ -1,39 +1,20 @@
-"""GiGPOTrainer on CPU with a tiny random model and the toy corridor environment."""
+"""GiGPOTrainer on CPU with a tiny random model and the toy line-walk environment (tests/toy_env.py)."""
 
 import numpy as np
 import pytest
 import torch
-from toy_env import CorridorEnv, NoisyCorridorEnv
+from conftest import capture_rollouts, tiny_train_config
+from toy_env import LineWalkEnv, NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
 
 
-def make_args(tmp_path, **overrides):
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
-        max_steps=1, max_turns=4, max_completion_length=12, bf16=False, gradient_checkpointing=False,
-        learning_rate=5e-2, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, seed=0,
-        disable_tqdm=True,
-    )
-    kwargs.update(overrides)
-    return GiGPOConfig(**kwargs)
-
-
-def capture_rollouts(trainer):
-    batches = []
-    collect = trainer.collector.collect
-
-    def wrapped(*args, **kwargs):
-        batches.append(collect(*args, **kwargs))
-        return batches[-1]
-
-    trainer.collector.collect = wrapped
-    return batches
+make_args = tiny_train_config  # tests/conftest.py
 
 
 def test_advantages_equal_estimator_on_same_rows(tmp_path, tiny_model_dir, tiny_tokenizer):
     args = make_args(tmp_path, step_advantage_weight=1.0, advantage_mode="mean_norm")
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     batches = capture_rollouts(trainer)
     trainer.model.train()  # as inside Trainer.train: padding to steps_per_generation applies in train mode
     inputs = [{"task": 4, "seed": 1}] * 4 + [{"task": 5, "seed": 2}] * 4
@@ -79,7 +60,7 @@ def test_one_step_changes_weights(tmp_path, tiny_model_dir, tiny_tokenizer, use_
 
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     args = make_args(tmp_path, beta=beta)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer,
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer,
                            peft_config=peft_config)
     batches = capture_rollouts(trainer)
     before = _weights(trainer.model)
@@ -93,14 +74,14 @@ def test_one_step_changes_weights(tmp_path, tiny_model_dir, tiny_tokenizer, use_
     assert changed, "no trainable weight changed after one GiGPO step"
     log = trainer.state.log_history[0]
     assert log["rollout/generate_calls"] <= 4 and log["rollout/rows"] == len(batches[0].rows)
-    assert 0.0 <= log["episode/success_rate"] <= 1.0
+    assert log["episode/success_rate"] == pytest.approx(np.mean([t.won for t in batches[0].trajectories]))
     if beta:
         assert "kl" in log
 
 
 def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_tokenizer):
     args = make_args(tmp_path, max_turns=4, per_device_eval_batch_size=8)
-    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
     seen = []
 
     sizes = []
@@ -135,7 +116,7 @@ def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_to
     # group passed in below can never be finished in 4 turns: all returns 0, flat, and must be replaced.
     train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
     args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2)
-    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=train,
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=train,
                            processing_class=tiny_tokenizer)
     texts = ["<think>r</think><action>right</action>", "<think>l</think><action>left</action>"]
     trainer.collector.generate_fn = lambda ids: ([tiny_tokenizer.encode(texts[i % 2]) for i in range(len(ids))], None)
@@ -166,7 +147,7 @@ def test_evaluate_runs_in_eval_mode_and_restores_the_mode(tmp_path, tiny_tokeniz
 
     tasks = datasets.Dataset.from_dict({"task": [5, 6], "seed": [0, 1]})
     args = make_args(tmp_path, disable_dropout=False, max_turns=2, per_device_eval_batch_size=2)
-    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=CorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
     generate, calls = trainer.collector.generate_fn, []
 
     def policy_logits(prompt):  # the policy as the generator sees it at this moment (dropout applies in train mode)
@@ -201,7 +182,7 @@ def test_dropout_is_off_by_default_so_sampling_and_scoring_agree(tmp_path, tiny_
 
     assert GiGPOConfig(output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False).disable_dropout is True
     peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj"], task_type="CAUSAL_LM")
-    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=CorridorEnv, args=make_args(tmp_path),
+    trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=LineWalkEnv, args=make_args(tmp_path),
                            processing_class=tiny_tokenizer, peft_config=peft_config)
     modules = list(trainer.model.modules())
     lora = [m for m in modules if isinstance(m, torch.nn.Dropout)]
@@ -213,7 +194,7 @@ def test_dropout_is_off_by_default_so_sampling_and_scoring_agree(tmp_path, tiny_
 
 def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, tiny_tokenizer):
     args = make_args(tmp_path, num_env_workers=1, env_step_timeout=30)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     pool = trainer.collector.pools["default"]
     workers = [w.process for w in pool._workers]
     assert len(workers) == 1 and workers[0].is_alive()
@@ -244,9 +225,9 @@ def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
     tasks = datasets.Dataset.from_dict({"task": [3, 4, 5, 6], "seed": [0, 1, 2, 3]})
     with pytest.raises(ValueError, match=r"train_dataset is a datasets.IterableDataset; GiGPO needs a map-style "
                                          r"datasets.Dataset of tasks .* datasets.Dataset.from_list"):
-        GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer,
+        GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer,
                      train_dataset=tasks.to_iterable_dataset())
-    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=make_args(tmp_path, eval_max_tasks=3),
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=make_args(tmp_path, eval_max_tasks=3),
                            processing_class=tiny_tokenizer)
     right = tiny_tokenizer.encode("<think>go</think><action>right</action>")
     trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
@@ -276,7 +257,7 @@ def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_pa
     train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
     args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
                      dynamic_sampling_keep_step_signal=keep_step_signal, step_grouping=step_grouping)
-    trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, train_dataset=train,
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=train,
                            processing_class=tiny_tokenizer)
     right, left = (tiny_tokenizer.encode(f"<think>x</think><action>{a}</action>") for a in ("right", "left"))
     calls = []

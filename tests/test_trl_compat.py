@@ -22,8 +22,8 @@ import torch
 import transformers
 import trl
 from accelerate.state import GradientState
-from toy_env import NoisyCorridorEnv
-from test_trainer import make_args
+from toy_env import NoisyLineWalkEnv
+from conftest import tiny_train_config as make_args
 from transformers import Trainer
 from trl import GRPOTrainer
 
@@ -56,7 +56,7 @@ def source(fn) -> str:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
     args = make_args(tmp_path_factory.mktemp("compat"), steps_per_generation=2, max_tokens_per_microbatch=None)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; these tests call TRL directly
     return trainer
 

@@ -129,9 +129,9 @@ def test_score_logps_puts_the_vllm_ratio_in_the_batch_and_logs_its_metrics(tmp_p
     """The trainer's vLLM branch without vLLM: sampling log-probs as given per row, the ratio of the trainer's own
     old log-probs against them, and the five metrics under TRL's names (the values :mod:`vllm_glue` computes)."""
     from test_trainer import make_args
-    from toy_env import NoisyCorridorEnv
+    from toy_env import NoisyLineWalkEnv
 
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyCorridorEnv, args=make_args(tmp_path),
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(tmp_path),
                            processing_class=tiny_tokenizer)
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # as a vLLM run sets them
     trainer.vllm_importance_sampling_mode = "token_mask"
@@ -173,7 +173,7 @@ def vllm_model_dir(tmp_path_factory, tiny_tokenizer):
 
 
 def _vllm_args(tmp_path, **kw):
-    from test_trainer import make_args
+    from conftest import tiny_train_config as make_args
 
     return make_args(tmp_path, num_generations=4, per_device_train_batch_size=4, steps_per_generation=1,
                      max_steps=2, max_turns=4, use_vllm=True, vllm_max_model_length=1024, **kw)
@@ -182,11 +182,11 @@ def _vllm_args(tmp_path, **kw):
 @pytest.fixture(scope="module")
 def colocate_run(tmp_path_factory, vllm_model_dir, tiny_tokenizer):
     from check_vllm import Probe
-    from toy_env import NoisyCorridorEnv
+    from toy_env import NoisyLineWalkEnv
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     tmp = tmp_path_factory.mktemp("colocate")
-    trainer = GiGPOTrainer(vllm_model_dir, env=NoisyCorridorEnv, args=_vllm_args(tmp, vllm_mode="colocate"),
+    trainer = GiGPOTrainer(vllm_model_dir, env=NoisyLineWalkEnv, args=_vllm_args(tmp, vllm_mode="colocate"),
                            processing_class=tiny_tokenizer)
     probe = Probe(trainer)
     trainer.train()
@@ -286,11 +286,11 @@ def vllm_server(vllm_model_dir, tmp_path_factory):
 def test_server_mode_generates_and_refuses_training_up_front(vllm_server, vllm_model_dir, tiny_tokenizer, tmp_path,
                                                              caplog):
     from check_vllm import Probe
-    from toy_env import NoisyCorridorEnv
+    from toy_env import NoisyLineWalkEnv
 
     args = _vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=vllm_server)
     with caplog.at_level(logging.WARNING, logger="gigpo_trl.vllm_glue"):
-        trainer = GiGPOTrainer(vllm_model_dir, env=NoisyCorridorEnv, args=args, processing_class=tiny_tokenizer)
+        trainer = GiGPOTrainer(vllm_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     ours = [r.getMessage() for r in caplog.records if r.name == "gigpo_trl.vllm_glue"]
     assert ours == [trainer._vllm_no_sync_message]
     assert ours[0].startswith("vllm_mode='server' on cpu") and repr(vllm_model_dir) in ours[0]

@@ -12,7 +12,7 @@ from unittest import mock
 import datasets
 import pytest
 from test_trainer import make_args
-from toy_env import CorridorEnv
+from toy_env import LineWalkEnv
 from trl.generation.vllm_client import VLLMClient
 
 from gigpo_trl import GiGPOTrainer
@@ -76,7 +76,7 @@ def server_trainer(tmp_path, tiny_model_dir, tiny_tokenizer):
                      eval_temperature=0.0, per_device_eval_batch_size=4)
     with mock.patch("trl.generation.vllm_generation.is_vllm_available", return_value=True), \
          mock.patch("trl.generation.vllm_generation.VLLMClient", RecordingVLLMClient):
-        trainer = GiGPOTrainer(tiny_model_dir, env=CorridorEnv, args=args, processing_class=tiny_tokenizer,
+        trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer,
                                eval_dataset=eval_tasks)
     rollouts = []
     collect = trainer.collector.collect

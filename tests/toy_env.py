@@ -1,6 +1,6 @@
 """A small deterministic environment for the collector and trainer tests.
 
-CorridorEnv: positions 0..length-1, start position = seed % (length - 1), goal at length - 1. The move is decided
+LineWalkEnv: positions 0..length-1, start position = seed % (length - 1), goal at length - 1. The move is decided
 by the action text so that a random policy still produces varied, reproducible trajectories: "right" → +1,
 "left" → -1, any other text → +1 if its length is even else -1. Reward 1 on reaching the goal (done). The
 observation has no turn counter, so revisited positions repeat the same anchor state.
@@ -13,7 +13,7 @@ import datasets
 from gigpo_trl.envs.base import TextEnv
 
 
-class CorridorEnv(TextEnv):
+class LineWalkEnv(TextEnv):
     name = "corridor"
     invalid_action = "stay"  # the collector sends this for unparsable completions
 
@@ -49,14 +49,14 @@ class CorridorEnv(TextEnv):
         return datasets.Dataset.from_dict({"task": [3, 4, 5, 6] * 4, "seed": [base + i for i in range(16)]})
 
 
-class NoisyCorridorEnv(CorridorEnv):
-    """CorridorEnv whose unparsable completions reach step() as raw text (invalid_action=None), so a random
+class NoisyLineWalkEnv(LineWalkEnv):
+    """LineWalkEnv whose unparsable completions reach step() as raw text (invalid_action=None), so a random
     policy moves by the parity of its text length: varied returns for the trainer tests."""
 
     invalid_action = None
 
 
-class FixedLengthEnv(CorridorEnv):
+class FixedLengthEnv(LineWalkEnv):
     """Every episode lasts exactly ``task`` turns whatever the actions (reward 1 at the end): fixes the number of
     rows each task yields, for the multi-process tests."""
 

