@@ -249,6 +249,9 @@ def unsupported_reason(model) -> str | None:
         return f"layer types {sorted(set(layer_types))} (only full attention)"
     if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True) and not layer_types:
         return "sliding-window attention"
+    if getattr(text, "output_router_logits", False) or getattr(config, "output_router_logits", False):
+        # the model's own router aux loss masks its router logits with the full mask, which a suffix pass lacks
+        return "MoE router logits (output_router_logits=True)"
     if not getattr(config, "is_decoder", True) or getattr(config, "is_encoder_decoder", False):
         return "not a decoder-only model"
     return None
