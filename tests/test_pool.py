@@ -301,7 +301,7 @@ def test_trainer_runs_its_envs_in_ray_actors_from_the_config(ray_local, tmp_path
     instance this process already holds (``ray.init`` is not called again). Always "right" in corridors of
     (length, start) (3, 0), (4, 1), (6, 0), (5, 2) within 4 turns: wins in 2, 2, -, 2 turns."""
     import datasets
-    from test_trainer import make_args
+    from conftest import tiny_train_config as make_args
     from toy_env import LineWalkEnv
 
     from gigpo_trl import GiGPOTrainer

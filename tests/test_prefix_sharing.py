@@ -202,7 +202,7 @@ def test_unsupported_attention_is_named(tiny_tokenizer):
 # ---------------------------------------------------------------------------------------------- through the trainer
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
-    from test_trainer import make_args
+    from conftest import tiny_train_config as make_args
     from toy_env import NoisyLineWalkEnv
 
     from gigpo_trl import GiGPOTrainer

@@ -128,7 +128,7 @@ def test_server_guard_turns_the_cpu_refusal_into_one_message(tmp_path, caplog):
 def test_score_logps_puts_the_vllm_ratio_in_the_batch_and_logs_its_metrics(tmp_path, tiny_model_dir, tiny_tokenizer):
     """The trainer's vLLM branch without vLLM: sampling log-probs as given per row, the ratio of the trainer's own
     old log-probs against them, and the five metrics under TRL's names (the values :mod:`vllm_glue` computes)."""
-    from test_trainer import make_args
+    from conftest import tiny_train_config as make_args
     from toy_env import NoisyLineWalkEnv
 
     trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(tmp_path),

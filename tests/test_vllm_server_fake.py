@@ -11,7 +11,8 @@ from unittest import mock
 
 import datasets
 import pytest
-from test_trainer import make_args
+from conftest import tiny_train_config as make_args
+from conftest import capture_rollouts
 from toy_env import LineWalkEnv
 from trl.generation.vllm_client import VLLMClient
 
@@ -78,15 +79,7 @@ def server_trainer(tmp_path, tiny_model_dir, tiny_tokenizer):
          mock.patch("trl.generation.vllm_generation.VLLMClient", RecordingVLLMClient):
         trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer,
                                eval_dataset=eval_tasks)
-    rollouts = []
-    collect = trainer.collector.collect
-
-    def captured(*a, **kw):
-        rollouts.append(collect(*a, **kw))
-        return rollouts[-1]
-
-    trainer.collector.collect = captured
-    return trainer, trainer.vllm_generation.vllm_client, rollouts
+    return trainer, trainer.vllm_generation.vllm_client, capture_rollouts(trainer)
 
 
 def _check_pairing(batch, calls):
