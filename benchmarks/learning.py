@@ -1184,6 +1184,17 @@ def main(argv=None) -> int:
     return 0
 
 
+# Settings the map (issue 35) added to RUN_KEYS, at the values that reproduce the runs made before them: a run
+# whose run_settings lack them was made with these, so it merges with a new run of the same protocol.
+MAP_KEY_DEFAULTS = {"nuisance": None, "trap_door": False, "condition": None, "anchor_drops_nuisance": False,
+                    "anchor_similarity_threshold": None}
+
+
+def run_settings_filled(settings: dict | None) -> dict | None:
+    """``settings`` with every key of ``MAP_KEY_DEFAULTS`` it lacks set to that default (None stays None)."""
+    return None if settings is None else MAP_KEY_DEFAULTS | settings
+
+
 def load_runs(paths) -> dict:
     """The (seed, arm) runs of several runs.jsonl files, keyed (seed, arm). Raises ValueError when a (seed, arm)
     appears twice or when runs were made with different ``RUN_KEYS`` settings (they would not be comparable)."""
@@ -1201,7 +1212,7 @@ def load_runs(paths) -> dict:
             if key in results:
                 raise ValueError(f"seed {key[0]} arm {key[1]} appears twice: {where[key]} and {path}:{n}")
             results[key], where[key] = r, f"{path}:{n}"
-    settings = {json.dumps(r.get("run_settings"), sort_keys=True): k for k, r in results.items()}
+    settings = {json.dumps(run_settings_filled(r.get("run_settings")), sort_keys=True): k for k, r in results.items()}
     if len(settings) > 1:
         raise ValueError("the runs were made with different settings; not merging: "
                          + " vs ".join(f"{where[k]}: {s}" for s, k in settings.items()))

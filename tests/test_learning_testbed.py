@@ -181,6 +181,19 @@ def test_report_only_refuses_duplicate_runs_and_mixed_settings(tmp_path):
         learning.load_runs([first, mixed])
 
 
+def test_runs_made_before_the_map_keys_merge_with_runs_at_their_defaults(tmp_path):
+    # a headline run stored before issue 35 lacks the map's keys; a new run of the same protocol has them at defaults
+    old = _write(tmp_path / "old", [_run(200, "GiGPO", 0.5, 0.0, 0.3), _run(200, "GRPO", 0.4, 0.0, 0.2)])
+    new_settings = {"iterations": 30, "nuisance": None, "trap_door": False, "condition": None,
+                    "anchor_drops_nuisance": False, "anchor_similarity_threshold": None}
+    new = _write(tmp_path / "new", [_run(200, "GraphGPO", 0.6, 0.0, 0.4) | {"run_settings": new_settings}])
+    assert sorted(learning.load_runs([old, new])) == [(200, "GRPO"), (200, "GiGPO"), (200, "GraphGPO")]
+    trap = _write(tmp_path / "trap", [_run(201, "GraphGPO", 0.6, 0.0, 0.4)
+                                      | {"run_settings": new_settings | {"trap_door": True}}])
+    with pytest.raises(ValueError, match="different settings"):
+        learning.load_runs([old, trap])
+
+
 def test_warmup_that_misses_its_cap_fails_naming_the_seed():
     from gigpo_trl.models import build_tiny_model
 
