@@ -60,6 +60,28 @@ def parse_engine(output):
             for r, steps, step in re.findall(r"ENGINE (\d) steps=(\w+) global_step=(\d+)", output)}
 
 
+def parse_shared(output, run="main"):
+    """{rank: (grad, no-grad)}, each [shared-prefix forwards, rows in a prefix group, prefix groups, prompt tokens
+    saved] of the script's `run` ("main", or "ref": the `--compare` run)."""
+    found = re.findall(rf"SHARED (\d) {run} grad=(\[.*?\]) nograd=(\[.*?\])", output)
+    return {int(rank): (eval(grad), eval(nograd)) for rank, grad, nograd in found}
+
+
+def _check_shared(output, run="main", every_row=False):
+    """Both ranks' training forwards took the shared-prefix path (calls, rows in a prefix group, groups and saved
+    prompt tokens all > 0): the multi-process update under test is the shared-prefix one. `every_row` (budget off: one
+    forward per micro-batch of 4 or 6 rows, which share their task text): each rank's training rows of the two steps
+    (parse_ranks) were all computed in a prefix group."""
+    shared = parse_shared(output, run)
+    assert sorted(shared) == [0, 1], output[-2000:]
+    ranks = parse_ranks(output)
+    for rank, (grad, _) in shared.items():
+        assert grad[0] > 0 and grad[1] > 0 and grad[2] > 0 and grad[3] > 0, (rank, grad)
+        if every_row:
+            assert grad[1] == sum(ranks[rank][0][:2]), (rank, grad, ranks[rank][0])
+    return shared
+
+
 def parse_forwards(output):
     """{rank: (training forwards, padded sizes, full gathers per training iteration)}"""
     found = re.findall(r"FORWARDS (\d) train=(\d+) max_tokens=\d+ gathers=(\[.*?\]) sizes=(\[.*?\])", output)
@@ -163,8 +185,8 @@ def _zero3_sgd_config(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
     """ZeRO-3 on 2 processes, gradient_accumulation_steps = steps_per_generation = 2, budget on; then its budget-off
-    twin (a second launch: accelerate allows one DeepSpeed Accelerator per process). Both updates equal the
-    one-process run over the same rows."""
+    twin (a second launch: accelerate allows one DeepSpeed Accelerator per process). Both updates, computed with
+    shared prompt prefixes, equal the one-process run over the same rows without them (`one_process_update`)."""
     config, ds_json = _zero3_sgd_config(tmp_path)
     output = launch(tmp_path / "budget", "--config_file", str(config), use_cpu=False,
                     script_args=(str(ds_json), "--accum", "--budget", BUDGET))
@@ -183,9 +205,11 @@ def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
     assert forwards[0][2] == forwards[1][2] == [1, 1, 0, 0]
     norms = [float(x) for x in re.findall(r"UPDATE \d norm=(\S+)", output)]
     assert len(norms) == 2 and norms[0] == norms[1] > 0
+    _check_shared(output)
     twin = launch(tmp_path / "twin", "--config_file", str(config), use_cpu=False,
                   script_args=(str(ds_json), "--accum"))
     assert parse_engine(twin) == {0: (2, 2), 1: (2, 2)}
+    _check_shared(twin, every_row=True)
     budget = _load_update(str(tmp_path / "budget" / "out") + "-update.pt")
     no_budget = _load_update(str(tmp_path / "twin" / "out") + "-update.pt")
     assert _rel(budget, no_budget) < 1e-5
@@ -196,11 +220,16 @@ def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
 @pytest.fixture(scope="module")
 def one_process_update(tmp_path_factory):
     """The weight update of the `--accum` runs' two steps in ONE process over the same rows (global batch 4 + 4
-    trajectories, budget off): plain `python`, no launcher."""
+    trajectories, budget off) with share_prompt_prefix=False (`--unshared`): plain `python`, no launcher. The
+    multi-process runs share prompt prefixes, so comparing with this pins shared (ZeRO-3 / DDP) == unshared."""
     out = tmp_path_factory.mktemp("single") / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--accum", "--single"], capture_output=True,
-                          text=True, timeout=600, env=dict(_env(), ACCELERATE_USE_CPU="true"), cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--accum", "--single", "--unshared"],
+                          capture_output=True, text=True, timeout=600, env=dict(_env(), ACCELERATE_USE_CPU="true"),
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
+    # no forward of the reference took the shared-prefix path
+    assert parse_shared((Path(str(out) + "-reports") / "rank-0.txt").read_text()) == {
+        0: ([0, 0, 0, 0], [0, 0, 0, 0])}
     return _load_update(str(out) + "-update.pt")
 
 
@@ -217,7 +246,8 @@ def _rel(a, b):
 @pytest.mark.slow
 def test_accumulation_two_processes_equal_one_process(tmp_path, one_process_update):
     """gradient_accumulation_steps = steps_per_generation = 2 on 2 DDP processes (gloo), with the budget (and,
-    `--compare`, without): the update equals the one-process run over the same rows."""
+    `--compare`, without), both with shared prompt prefixes: the update equals the one-process run over the same rows
+    without shared prefixes."""
     output = launch(tmp_path, "--config_file", str(ROOT / "configs" / "accelerate" / "multi_cpu.yaml"),
                     script_args=("--accum", "--budget", BUDGET, "--compare"))
     ranks = parse_ranks(output)
@@ -230,3 +260,5 @@ def test_accumulation_two_processes_equal_one_process(tmp_path, one_process_upda
                                                                             _rel(no_budget, single))
     forwards = parse_forwards(output)
     assert forwards[0][0] == forwards[1][0] > 4 and max(forwards[0][1] + forwards[1][1]) <= int(BUDGET)
+    _check_shared(output)
+    _check_shared(output, "ref", every_row=True)

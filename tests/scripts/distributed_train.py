@@ -4,7 +4,7 @@ FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_gener
 rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
 
     distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare] [--per-turn-gathers] [--long-obs]
-                         [--accum] [--single] [--records]
+                         [--accum] [--single] [--unshared] [--records]
 
 The env's rewards depend on the completion text (VariedRewardEnv), so the update is not zero. `--budget N` sets
 max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank prints its training forwards and
@@ -18,6 +18,10 @@ the main process saves the weight update to OUTPUT_DIR-update.pt (OUTPUT_DIR-upd
 `--records`: rollout records on (tests/test_distributed.py checks each rank's files).
 `--single` (with --accum, run with plain `python`, one process): per_device_train_batch_size=4, the same global
 batch as two processes of 2: the one-process reference of the same rows.
+`--unshared`: share_prompt_prefix=False (every row computed whole), for the one-process reference that the
+multi-process shared-prefix updates are compared with. Each rank prints how many forwards ran with shared prefixes
+(`SHARED rank main grad=[calls, rows in a prefix group, prefix groups, prompt tokens saved] nograd=[...]`, counted
+around `gigpo_trl.token_budget.shared_prefix_logps`; `SHARED rank ref ...` for the `--compare` run).
 Under ZeRO-3 each rank prints the full parameter gathers made in each training iteration, then in each evaluation
 collect (`--per-turn-gathers`: with TRL's behaviour of one gather per generate call, for comparison). `--compare`
 needs a second Accelerator with a DeepSpeed plugin in one process, which accelerate refuses: DDP only.
@@ -82,7 +86,7 @@ def report(line: str) -> None:
             f.write(line + "\n")
 
 
-def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=False):
+def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=False, unshared=False):
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     model = build_tiny_model(tokenizer)
     settings = dict(per_device_train_batch_size=2, steps_per_generation=1, learning_rate=1e-2)
@@ -92,12 +96,33 @@ def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=Fa
     args = GiGPOConfig(
         output_dir=output_dir, num_generations=2, max_steps=2, max_turns=6, max_completion_length=8, bf16=False,
         gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
-        shuffle_dataset=False, seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget, **settings, **extra,
+        shuffle_dataset=False, seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget,
+        share_prompt_prefix=not unshared, **settings, **extra,
     )
     trainer = GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer)
     if accum:
         trainer.collector.generate_fn = fixed_policy(tokenizer)
     return trainer, tokenizer
+
+
+def count_shared_forwards():
+    """Count the forwards that take the shared-prefix path, by wrapping the name token_budget calls:
+    {grad enabled: [calls, rows in a prefix group, prefix groups, prompt tokens saved]}."""
+    import gigpo_trl.token_budget as token_budget
+
+    counts = {True: [0, 0, 0, 0], False: [0, 0, 0, 0]}
+    inner = token_budget.shared_prefix_logps
+
+    def counting(model, input_ids, attention_mask, logits_to_keep, plan, *a, **k):
+        c = counts[torch.is_grad_enabled()]
+        c[0] += 1
+        c[1] += sum(g >= 0 for g in plan.group_of_row)
+        c[2] += len(plan.prefix_lengths)
+        c[3] += plan.saved_tokens()
+        return inner(model, input_ids, attention_mask, logits_to_keep, plan, *a, **k)
+
+    token_budget.shared_prefix_logps = counting
+    return counts
 
 
 def full_weights(trainer):
@@ -113,7 +138,7 @@ def full_weights(trainer):
 
 def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
          per_turn_gathers: bool = False, long_obs: bool = False, accum: bool = False, single: bool = False,
-         records: bool = False):
+         records: bool = False, unshared: bool = False):
     reports = output_dir + "-reports"  # one file per rank (accelerate sets RANK), read by tests/test_distributed.py
     os.makedirs(reports, exist_ok=True)
     _REPORT.append(os.path.join(reports, f"rank-{os.environ.get('RANK', '0')}.txt"))
@@ -138,7 +163,8 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
 
         ds.zero.GatheredParameters = CountingGather
     env = LongObsAtTurn3Env if long_obs else VariedRewardEnv
-    trainer, tokenizer = build(output_dir, extra, budget, env, accum, single)
+    trainer, tokenizer = build(output_dir, extra, budget, env, accum, single, unshared)
+    shared = count_shared_forwards()
     trainer.args.rollout_records = records  # each rank writes its own rows under OUTPUT_DIR/records
     if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
         import contextlib
@@ -196,6 +222,9 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
     report(f"RANK {rank} rows={rows} generate_calls={calls} steps={trainer.state.global_step} "
            f"dist={trainer.accelerator.distributed_type.value} zero={zero}")
     report(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}")
+    report(f"SHARED {rank} main grad={shared[True]} nograd={shared[False]}")
+    for counts in shared.values():  # the --compare run's forwards are counted on their own
+        counts[:] = [0, 0, 0, 0]
     if compare:  # the same two steps with the budget off, from the same weights and seed
         reference, _ = build(output_dir + "-ref", extra, None, env, accum, single)
         reference.train()
@@ -204,6 +233,7 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
             torch.save(expected, output_dir + "-update-ref.pt")
         diff = float((update - expected).norm() / expected.norm())
         report(f"COMPARE {rank} update_norm={float(expected.norm()):.4f} rel_diff={diff:.3e}")
+        report(f"SHARED {rank} ref grad={shared[True]} nograd={shared[False]}")
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         report("DONE")
@@ -229,6 +259,7 @@ if __name__ == "__main__":
     parser.add_argument("--accum", action="store_true")
     parser.add_argument("--single", action="store_true")
     parser.add_argument("--records", action="store_true")
+    parser.add_argument("--unshared", action="store_true")
     cli = parser.parse_args()
     main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs, cli.accum,
-         cli.single, cli.records)
+         cli.single, cli.records, cli.unshared)
