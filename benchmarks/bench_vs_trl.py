@@ -114,8 +114,9 @@ def run_arm(cli) -> dict:
     else:
         from gigpo_trl import GiGPOConfig, GiGPOTrainer
 
+        budget = {} if cli.budget is None else {"max_tokens_per_microbatch": cli.budget}
         args = GiGPOConfig(output_dir=out, max_completion_length=cli.completion, max_turns=cli.calls + 1,
-                           share_prompt_prefix=cli.arm == "ours", **common)
+                           share_prompt_prefix=cli.arm == "ours", **budget, **common)
         trainer = GiGPOTrainer(model, env=Ticker, args=args, train_dataset=dataset, processing_class=tokenizer,
                                peft_config=lora)
     trainer._generate_single_turn = scripted_player(tokenizer, cli.calls, cli.think)
@@ -161,6 +162,8 @@ def main() -> None:
     parser.add_argument("--think", type=int, default=12, help="words in each scripted <think>")
     parser.add_argument("--completion", type=int, default=96, help="our max_completion_length (per turn)")
     parser.add_argument("--trl_max_completion", type=int, default=4096, help="TRL's (covers the whole episode)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="ours: max_tokens_per_microbatch (default: GiGPOConfig's, 16,384 padded tokens)")
     parser.add_argument("--arm", choices=["trl", "ours", "ours-unshared"])
     parser.add_argument("--arms", default="trl,ours-unshared,ours")
     cli = parser.parse_args()
@@ -172,7 +175,8 @@ def main() -> None:
     for arm in cli.arms.split(","):
         cmd = [sys.executable, __file__, "--arm", arm, "--calls", str(cli.calls), "--iterations", str(cli.iterations),
                "--think", str(cli.think), "--completion", str(cli.completion),
-               "--trl_max_completion", str(cli.trl_max_completion)]
+               "--trl_max_completion", str(cli.trl_max_completion)] + (
+                   [] if cli.budget is None else ["--budget", str(cli.budget)])
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not found:
