@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def tiny_lora_model(tokenizer, hidden_size: int = 64, r: int = 4, target_modules
                     "down_proj"), b_scale: float = 0.05, seed: int = 0):
     """A bf16 tiny Qwen2 (random weights) with a LoRA adapter (rank ``r``, alpha 2r) on ``target_modules`` whose B
     factors are N(0, b_scale²): a trained adapter (PEFT starts B at 0, whose merge would change nothing). Shared by
-    tests/test_numerics.py and benchmarks/bench_lora_sync.py."""
+    tests/test_vllm.py and benchmarks/bench_lora_sync.py."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -101,6 +102,52 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     model.save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def bf16_trainer(tmp_path_factory, tiny_tokenizer):
+    """A trainer on a bf16 tiny model (hidden 64), budget on, with one rollout's rows; spg 2 vs GA 1, so the old
+    log-probs come from the scoring pass, as off-policy micro-batches need. Used by test_positions.py,
+    test_trainer.py, test_microbatch.py, test_generation.py and test_grad_accumulation.py (one per file)."""
+    import torch
+    from toy_env import NoisyLineWalkEnv
+
+    from gigpo_trl import GiGPOTrainer
+    from gigpo_trl.models import build_tiny_model
+
+    tmp = tmp_path_factory.mktemp("bf16")
+    model = build_tiny_model(tiny_tokenizer, hidden_size=64).to(torch.bfloat16)
+    args = tiny_train_config(tmp, max_tokens_per_microbatch=400, steps_per_generation=2,
+                             gradient_accumulation_steps=1, max_turns=4)
+    trainer = GiGPOTrainer(model, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
+    texts = ["<think>r</think><action>left</action>", "<think>going left now, slowly</think><action>left</action>",
+             "<think>left</think><action>left</action> and some more words to make it long"]
+    calls = []
+
+    def policy(ids):  # fixed: episodes of 4 turns (growing prompts), completions of three lengths
+        calls.append(1)
+        return [tiny_tokenizer.encode(texts[(i + len(calls)) % 3]) for i in range(len(ids))], None
+
+    trainer.collector.generate_fn = policy
+    batches = capture_rollouts(trainer)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    trainer._generate_and_score_completions([{"task": 4, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)
+    return trainer, batches[0].rows
+
+
+@contextlib.contextmanager
+def trl_positions(trainer):
+    """TRL's forward for the duration of the block: no position_ids (positions 0..L-1 of the padded row)."""
+    from gigpo_trl.positions import install_mask_positions
+
+    backbone = trainer.model.base_model
+    backbone._gigpo_mask_positions.remove()
+    backbone._gigpo_mask_positions = None
+    try:
+        yield
+    finally:
+        assert install_mask_positions(trainer.model)
 
 
 @pytest.fixture(scope="session")

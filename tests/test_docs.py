@@ -68,8 +68,18 @@ def check_job_args(script: str, args: list[str]) -> None:
             assert (REPO / args[args.index(flag) + 1]).is_file(), f"{script}: no config {args[args.index(flag) + 1]}"
     if "--output_dir" not in args:
         args = [*args, "--output_dir", "unused"]
-    job, config, _ = build_parser({"env": env}, EXAMPLE_DEFAULTS[env]).parse_args_and_config(args=args)
-    assert job.env == env and config.num_generations >= 2
+    job, config, model_args = build_parser({"env": env}, EXAMPLE_DEFAULTS[env]).parse_args_and_config(args=args)
+    assert job.env == env
+    if "--config" in args:  # every key of the config file reaches the parsed arguments (unless a flag overrides it)
+        import yaml
+
+        settings = yaml.safe_load((REPO / args[args.index("--config") + 1]).read_text())
+        for key, value in settings.items():
+            if f"--{key}" not in args:
+                parsed = next(getattr(ns, key) for ns in (job, config, model_args) if hasattr(ns, key))
+                if key == "report_to" and value == "none":
+                    value = []  # TrainingArguments' own spelling of "none"
+                assert parsed == value, f"{script}: {key} parsed as {parsed!r}, the config file says {value!r}"
 
 
 def check_command(command: str) -> None:

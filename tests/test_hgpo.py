@@ -1,5 +1,6 @@
 """HGPO (arXiv 2602.22817) as its authors' recipe computes it (OliverLeeXZ/SERL ``recipe/hgpo/core_hgpo.py``):
-estimator option, config fields, level metrics and the trainer pass-through."""
+estimator option, config fields and the trainer pass-through (its logged level metrics; the metric function
+itself: tests/test_metrics.py)."""
 
 from __future__ import annotations
 
@@ -365,20 +366,6 @@ def test_config_fields_and_validation(tmp_path):
         GiGPOConfig(**common, hierarchy_base_group="yes")
     with pytest.warns(UserWarning, match=r"step_advantage_weight=0.5 is not used by step_grouping='hierarchical'"):
         GiGPOConfig(**common, step_grouping="hierarchical", step_advantage_weight=0.5)
-
-
-def test_level_metrics():
-    ids = np.array([[0, 0], [0, 0], [0, 1], [1, 2]])  # level 0: sizes 3, 1; level 1: sizes 2, 1, 1
-    m = level_metrics(ids)
-    assert m["anchor/level_0/group_size_mean"] == 2.0 and m["anchor/level_0/singleton_fraction"] == 0.5
-    assert m["anchor/level_1/group_size_mean"] == pytest.approx(4 / 3)
-    assert m["anchor/level_1/singleton_fraction"] == pytest.approx(2 / 3)
-    assert m["anchor/level_1/row_group_size_mean"] == pytest.approx((4 + 1 + 1) / 4)
-    assert m["anchor/level_1/num_groups"] == 3.0 and level_metrics(np.zeros((0, 2))) == {}
-    # -1: the row has no such level (turn t < k); left out of that level's figures
-    m = level_metrics(np.array([[0, -1], [0, 0], [0, 0], [1, -1]]))
-    assert m["anchor/level_1/num_groups"] == 1.0 and m["anchor/level_1/row_group_size_mean"] == 2.0
-    assert "anchor/level_1/num_groups" not in level_metrics(np.array([[0, -1], [0, -1]]))
 
 
 def test_trainer_passes_hgpo_options_and_logs_levels(tmp_path, tiny_model_dir, tiny_tokenizer):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gigpo_trl.job import DEBUG_ENV, EXAMPLE_DEFAULTS, build_parser, check_output_dir, main, model_card, run
-from gigpo_trl.models import CACHE_NAME, DEFAULT_MODEL_HUB_ID, hub_model_id
+from gigpo_trl.models import CACHE_NAME, DEFAULT_MODEL_HUB_ID
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,16 +98,6 @@ def test_model_card_lists_settings_and_rates():
     full = model_card("Qwen/Qwen2.5-1.5B-Instruct", Job(), Args(), {}, lora=False)
     assert "library_name: peft" not in full and "LoRA" not in full
     assert "Full fine-tune of `Qwen/Qwen2.5-1.5B-Instruct`, trained with GiGPO" in full
-
-
-def test_hub_model_id_of_default_hub_and_local_models(tmp_path, tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("GIGPO_CACHE", str(tmp_path))
-    assert DEFAULT_MODEL_HUB_ID == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert hub_model_id(None) == hub_model_id("default") == DEFAULT_MODEL_HUB_ID
-    assert hub_model_id("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
-    assert hub_model_id(tiny_model_dir) is None  # a local folder of unknown origin
-    (tmp_path / CACHE_NAME).mkdir()
-    assert hub_model_id(str(tmp_path / CACHE_NAME)) == DEFAULT_MODEL_HUB_ID  # the default model's conversion
 
 
 def test_trainer_cards_name_the_default_models_hub_id(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):

@@ -1,4 +1,6 @@
-"""Token-budget sub-batches: the packing module, and the trainer's loss/gradient equality with the unsplit batch."""
+"""Token-budget sub-batches (gigpo_trl/microbatch.py, gigpo_trl/token_budget.py): the packing functions, the trainer's
+loss/gradient equality with the unsplit batch, and on a bf16 model the filler rows' one-token scoring and the
+budget-off loss that keeps TRL's scaling (entropy bonus, MoE aux loss)."""
 
 import random
 
@@ -8,7 +10,7 @@ import torch
 from toy_env import NoisyLineWalkEnv
 from conftest import capture_rollouts, tiny_train_config as make_args
 
-from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl import GiGPOConfig, GiGPOTrainer, trl_compat
 from gigpo_trl.config import BUDGET_LOSS_TYPES
 from gigpo_trl.microbatch import pack_rows, padded, row_lengths, sub_batch_widths, take_rows
 
@@ -73,6 +75,18 @@ def test_row_lengths_and_take_rows():
     assert sub["old_per_token_logps"].tolist() == [[-0.0, -1.0], [-3.0, -4.0]]
     assert sub["advantages"].tolist() == [1.0, 2.0] and sub["importance_sampling_ratio"].shape == (2, 1)
     assert sub["num_items_in_batch"] is inputs["num_items_in_batch"] and sub["names"] == ["a", "b"]
+
+
+def test_pack_rows_shared_counts_a_prefix_once():
+    from gigpo_trl.microbatch import pack_rows, pack_rows_shared
+
+    head = list(range(10, 20))
+    prompts = [head + [k, 1] for k in range(4)]  # one group, prefix 10, tails of 2
+    assert pack_rows_shared(prompts, [3] * 4, 30) == [[0, 1, 2, 3]]  # 10 + 4 × (2 + 3)
+    assert pack_rows_shared(prompts, [3] * 4, 29) == [[0, 1, 2], [3]]
+    assert pack_rows([12] * 4, [3] * 4, 30) == [[0, 1], [2, 3]]  # unshared: 15 per row
+    other = [[7, 7, 7, 7, 7]]  # a row sharing nothing goes with its whole prompt as tail
+    assert pack_rows_shared(prompts + other, [3] * 5, 10 + 5 * (5 + 3)) == [[0, 1, 2, 3, 4]]
 
 
 def test_config_validates_the_budget():
@@ -268,3 +282,85 @@ def test_unknown_loss_type_and_moe_router_loss_are_rejected_with_budget(tmp_path
     with pytest.raises(ValueError, match=r"MoE load-balancing loss \(router_aux_loss_coef=0.001\)"):
         GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyLineWalkEnv, args=make_args(tmp_path),
                      processing_class=tiny_tokenizer)
+
+
+# ----------------------------------------------------------------------------------------------------------- bf16 model
+def test_filler_rows_scored_at_one_token(bf16_trainer):
+    trainer, rows = bf16_trainer
+    real = rows[:5]
+    shapes = []
+    hook = trainer.model.register_forward_pre_hook(
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        batch = trainer._rows_to_batch(real, torch.zeros(5).numpy(), [8], "train")  # 5 rollout rows + 3 filler
+        n_batch = len(shapes)
+        alone = trainer._rows_to_batch(real, torch.zeros(5).numpy(), [5], "train")  # spg 2: 5 rows + 1 filler
+    finally:
+        hook.remove()
+    assert batch["real_row_mask"].tolist() == [1] * 5 + [0] * 3
+    width = batch["completion_ids"].size(1)
+    assert shapes[n_batch - 1] == (3, 2)  # the three filler rows: one prompt + one completion token, one forward
+    assert all(s[1] > width for s in shapes[: n_batch - 1])  # rollout rows at the full completion width
+    assert shapes[-1] == (1, 2)
+    old, old_alone = batch["old_per_token_logps"], alone["old_per_token_logps"]
+    assert torch.equal(old[:5], old_alone[:5])  # rollout rows: the same forwards with or without filler
+    assert bool((old[5:] == 0).all())  # masked columns: TRL's fused head gives 0 there, as for any masked token
+
+
+def test_budget_off_entropy_bonus_keeps_trls_scaling(bf16_trainer):
+    """10 rollout rows + 6 filler, row-mean loss (grpo), entropy bonus on, no budget: the loss is TRL's own loss on
+    the 10 rows; the former B/R factor (16/10 on TRL's loss of all 16 rows) also scaled the entropy bonus."""
+    from trl import GRPOTrainer
+
+    trainer, rows = bf16_trainer
+    ten = rows[:10]
+    padded = trainer._rows_to_batch(ten, torch.linspace(-1, 1, 10).numpy(), [16], "train")
+    assert padded["real_row_mask"].sum() == 10 and padded["completion_mask"].size(0) == 16
+    alone = {k: (v[:10] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in padded.items()}
+    saved = (trainer.args.max_tokens_per_microbatch, trainer.loss_type, trainer.entropy_coef)
+    trainer.args.max_tokens_per_microbatch, trainer.loss_type = None, "grpo"
+    try:
+        with torch.no_grad():
+            trl_compat.set_entropy_coef(trainer, 0.0)
+            no_bonus = float(trainer.compute_loss(trainer.model, padded))
+            trl_compat.set_entropy_coef(trainer, 0.5)
+            ours = float(trainer.compute_loss(trainer.model, padded))
+            trl_own = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
+            scaled_all = float(GRPOTrainer.compute_loss(trainer, trainer.model, padded)) * 16 / 10
+    finally:
+        trainer.args.max_tokens_per_microbatch, trainer.loss_type = saved[:2]
+        trl_compat.set_entropy_coef(trainer, saved[2])
+    assert abs(ours - no_bonus) > 0.1  # the bonus takes part
+    assert ours == trl_own
+    assert abs(scaled_all - ours) > 0.05  # what B/R on the whole loss gave: 0.6 x the bonus too much
+
+
+def test_budget_off_moe_aux_loss_keeps_trls_scaling(bf16_trainer, tmp_path, tiny_tokenizer):
+    """The same for the MoE load-balancing loss (router_aux_loss_coef), which the budget refuses but the budget-off
+    path must scale as TRL does: our loss on 10 rollout rows + 6 filler is TRL's loss on the 10 rows."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    from trl import GRPOTrainer
+
+    _, rows = bf16_trainer
+    torch.manual_seed(0)
+    config = Qwen2MoeConfig(
+        vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, router_aux_loss_coef=0.5, output_router_logits=True,
+        pad_token_id=tiny_tokenizer.pad_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
+    )
+    args = make_args(tmp_path, max_tokens_per_microbatch=None, loss_type="grpo")
+    trainer = GiGPOTrainer(Qwen2MoeForCausalLM(config), env=NoisyLineWalkEnv, args=args,
+                           processing_class=tiny_tokenizer)
+    assert trainer.aux_loss_enabled
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    padded = trainer._rows_to_batch(rows[:10], torch.linspace(-1, 1, 10).numpy(), [16], "train")
+    alone = {k: (v[:10] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in padded.items()}
+    with torch.no_grad():
+        ours = float(trainer.compute_loss(trainer.model, padded))
+        trl_own = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
+        trainer.router_aux_loss_coef = 0.0
+        without_aux = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
+    assert abs(trl_own - without_aux) > 0.1  # the aux loss takes part
+    assert ours == pytest.approx(trl_own, rel=1e-6, abs=1e-7)

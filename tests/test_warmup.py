@@ -148,7 +148,8 @@ def test_job_reports_three_phases(tmp_path, tiny_model_dir, capsys):
     results = json.loads((out / "eval_results.json").read_text())
     assert [k for k in ("before", "after_warmup", "after") if k in results] == ["before", "after_warmup", "after"]
     assert all(results[k]["num_tasks"] == 3 for k in ("before", "after_warmup", "after"))
-    assert results["warmup"]["episodes"] == 2 and results["warmup"]["rows"] >= 2
+    # the expert needs 6 turns on both tasks: 2 episodes cut at max_turns 2, every turn a demonstration (perturb 0)
+    assert results["warmup"]["episodes"] == 2 and results["warmup"]["rows"] == 4
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[gigpo] ")]
     table = lines[lines.index(next(x for x in lines if x.split()[1:3] == ["phase", "success"])):][:4]
     assert [line.split()[1] for line in table] == ["phase", "before", "after", "after"]
