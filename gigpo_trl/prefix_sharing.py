@@ -9,7 +9,7 @@ schema and the task text, and the rows of a trajectory repeat its history. The f
 2. **suffix pass**: every row's remaining tokens, ``(B, S)``, whose attention reads its group's prefix keys/values
    through a read-only cache (:class:`_ReadLayer`: ``cat([prefix[group of row], own])`` per layer), with the 2-D
    attention mask ``[prefix mask of its group | own mask]`` and positions continuing after the prefix
-   (``Lp + cumsum(mask) − 1``, the rule of :func:`gigpo_trl.numerics.positions_from_mask` on the unshared row).
+   (``Lp + cumsum(mask) − 1``, the rule of :func:`gigpo_trl.positions.positions_from_mask` on the unshared row).
    The gradient of the suffix tokens flows back through the cache into the prefix pass.
 
 Every query sees exactly the keys/values, positions and mask it sees in the unshared forward, so the result equals
@@ -339,7 +339,7 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
 def unshared_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
                    autocast=None):
     """The unshared reference forward (what TRL's ``_get_per_token_logps_and_entropies`` does for one chunk, with
-    positions from the mask as :func:`gigpo_trl.numerics.install_mask_positions` makes them)."""
+    positions from the mask as :func:`gigpo_trl.positions.install_mask_positions` makes them)."""
     enter = autocast if autocast is not None else contextlib.nullcontext
     mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
