@@ -120,12 +120,12 @@ CONDITIONS = {
     "h6": dict(axis="horizon", label="6 rooms", length=6, max_turns=15, walk_turns=18, iterations=None),
     "h12": dict(axis="horizon", label="12 rooms", length=12, max_turns=30, walk_turns=36, iterations=10),
     "h24": dict(axis="horizon", label="24 rooms", length=24, max_turns=60, walk_turns=72, iterations=None),
-    "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=None),
+    "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=10),
     "clock_sim": dict(axis="anchors", label="nuisance,\nsimilarity 0.9", nuisance="clock",
-                      anchor_similarity_threshold=0.9, iterations=None,
+                      anchor_similarity_threshold=0.9, iterations=10,
                       arms=("GiGPO", "GRPO", "HGPO")),
     "clock_hook": dict(axis="anchors", label="nuisance,\nanchor_state()", nuisance="clock",
-                       anchor_drops_nuisance=True, iterations=None),
+                       anchor_drops_nuisance=True, iterations=10),
     "trap": dict(axis="failure", label="trap door", trap_door=True, iterations=None),
 }
 # Cells that the figure's axes share: h12 is also "exact anchors" and "diffuse failure".
