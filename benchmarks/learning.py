@@ -117,7 +117,7 @@ MAP_EVAL_TASKS = 128
 # ``axis``/``label``: where the cell sits in the map's figure. ``arms``: GraphGPO matches states exactly (its graph's
 # nodes), so it has no similarity-anchor cell.
 CONDITIONS = {
-    "h6": dict(axis="horizon", label="6 rooms", length=6, max_turns=15, walk_turns=18, iterations=None),
+    "h6": dict(axis="horizon", label="6 rooms", length=6, max_turns=15, walk_turns=18, iterations=10),
     "h12": dict(axis="horizon", label="12 rooms", length=12, max_turns=30, walk_turns=36, iterations=10),
     "h24": dict(axis="horizon", label="24 rooms", length=24, max_turns=60, walk_turns=72, iterations=None),
     "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=10),

@@ -287,8 +287,8 @@ def test_condition_settings_reach_the_env_and_the_config():
 
 
 def test_condition_without_iterations_or_with_a_foreign_arm_is_refused():
-    with pytest.raises(SystemExit):
-        learning.parse_args(["--condition", "h6"])
+    with pytest.raises(SystemExit):  # h24: its design run has not set I yet
+        learning.parse_args(["--condition", "h24"])
     with pytest.raises(SystemExit):
         learning.parse_args(["--condition", "clock_sim", "--iterations", "10", "--arms", "GraphGPO"])
     assert learning.parse_args(["--condition", "h6", "--quick"]).iterations == 3
