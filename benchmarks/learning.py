@@ -126,7 +126,7 @@ CONDITIONS = {
                       arms=("GiGPO", "GRPO", "HGPO")),
     "clock_hook": dict(axis="anchors", label="nuisance,\nanchor_state()", nuisance="clock",
                        anchor_drops_nuisance=True, iterations=10),
-    "trap": dict(axis="failure", label="trap door", trap_door=True, iterations=None),
+    "trap": dict(axis="failure", label="trap door", trap_door=True, iterations=20),
 }
 # Cells that the figure's axes share: h12 is also "exact anchors" and "diffuse failure".
 MAP_AXES = {"horizon": ["h6", "h12", "h24"], "anchors": ["h12", "clock", "clock_sim", "clock_hook"],
