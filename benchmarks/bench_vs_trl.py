@@ -80,45 +80,73 @@ def scripted_player(tokenizer, calls: int, think: int):
     return generate
 
 
-def run_arm(cli) -> dict:
-    import datasets
+# ------------------------------------------------------------------ set-up shared with benchmarks/trl_findings.py
+def load(template: str = "qwen2.5"):
+    """(model, tokenizer): the default SmolLM2-135M-Instruct in fp32; ``template`` "qwen2.5" puts TRL's Qwen2.5 chat
+    template in place of the model's own (TRL's tool parsing knows no SmolLM2 template), "own" keeps it."""
     import torch
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.chat_template_utils import qwen2_5_chat_template
 
     from gigpo_trl.models import default_model_path
 
-    Ticker.calls = cli.calls
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = qwen2_5_chat_template
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+    if template == "qwen2.5":
+        tokenizer.chat_template = qwen2_5_chat_template
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer
+
+
+def lora():
+    """LoRA r16 on every projection."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+def dataset(n: int):
+    """``n`` Ticker tasks (one prompt each)."""
+    import datasets
+
     prompt = [{"role": "user", "content": "Play the ticker game."}]
-    rows = [{"prompt": prompt, "task": f"ticker {i}", "seed": i} for i in range(2 * (cli.iterations + 1))]
-    dataset = datasets.Dataset.from_list(rows)
-    common = dict(per_device_train_batch_size=4, num_generations=2, steps_per_generation=1,
-                  gradient_accumulation_steps=1, max_steps=cli.iterations + 1, learning_rate=1e-5, beta=0.0,
-                  loss_type="dapo", bf16=False, gradient_checkpointing=True, report_to="none", save_strategy="no",
-                  logging_steps=1, use_cpu=True, seed=0, disable_tqdm=True)
+    return datasets.Dataset.from_list([{"prompt": prompt, "task": f"ticker {i}", "seed": i} for i in range(n)])
+
+
+def common_args(max_steps: int) -> dict:
+    """The config fields both trainers share: 2 tasks × 2 rollouts per iteration, beta 0, loss ``dapo``, fp32,
+    gradient checkpointing."""
+    return dict(per_device_train_batch_size=4, num_generations=2, steps_per_generation=1,
+                gradient_accumulation_steps=1, max_steps=max_steps, learning_rate=1e-5, beta=0.0, loss_type="dapo",
+                bf16=False, gradient_checkpointing=True, report_to="none", save_strategy="no", logging_steps=1,
+                use_cpu=True, seed=0, disable_tqdm=True)
+
+
+def run_arm(cli) -> dict:
+    import torch
+    from transformers import TrainerCallback
+
+    Ticker.calls = cli.calls
+    model, tokenizer = load()
+    lora_config = lora()
+    dataset_ = dataset(2 * (cli.iterations + 1))
+    common = common_args(cli.iterations + 1)
     out = tempfile.mkdtemp()
     if cli.arm == "trl":
         from trl import GRPOConfig, GRPOTrainer
 
         args = GRPOConfig(output_dir=out, max_completion_length=cli.trl_max_completion,
                           max_tool_calling_iterations=cli.calls + 1, **common)
-        trainer = GRPOTrainer(model, reward_funcs=[], args=args, train_dataset=dataset, processing_class=tokenizer,
-                              peft_config=lora, environment_factory=Ticker)
+        trainer = GRPOTrainer(model, reward_funcs=[], args=args, train_dataset=dataset_, processing_class=tokenizer,
+                              peft_config=lora_config, environment_factory=Ticker)
     else:
         from gigpo_trl import GiGPOConfig, GiGPOTrainer
 
         budget = {} if cli.budget is None else {"max_tokens_per_microbatch": cli.budget}
         args = GiGPOConfig(output_dir=out, max_completion_length=cli.completion, max_turns=cli.calls + 1,
                            share_prompt_prefix=cli.arm == "ours", **budget, **common)
-        trainer = GiGPOTrainer(model, env=Ticker, args=args, train_dataset=dataset, processing_class=tokenizer,
-                               peft_config=lora)
+        trainer = GiGPOTrainer(model, env=Ticker, args=args, train_dataset=dataset_, processing_class=tokenizer,
+                               peft_config=lora_config)
     trainer._generate_single_turn = scripted_player(tokenizer, cli.calls, cli.think)
     counts = {"loss_tokens": 0, "forward_tokens": 0, "scoring_tokens": 0}
 

@@ -40,52 +40,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_vs_trl import Ticker, scripted_player  # noqa: E402
+from bench_vs_trl import Ticker, common_args, dataset, load, lora, scripted_player  # noqa: E402
+
+# one iteration: 2 tasks × 2 rollouts, as bench_vs_trl.py
+COMMON = common_args(max_steps=1)
 
 
 # ------------------------------------------------------------------------------------------------ shared set-up
-def load(template: str):
-    """(model, tokenizer): the default SmolLM2-135M-Instruct in fp32; ``template`` "own" keeps its chat template,
-    "qwen2.5" puts TRL's Qwen2.5 template in its place."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    from gigpo_trl.models import default_model_path
-
-    path = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if template == "qwen2.5":
-        tokenizer.chat_template = qwen2_5_chat_template
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), tokenizer
-
-
-def lora():
-    from peft import LoraConfig
-
-    return LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-
-
-def dataset():
-    import datasets
-
-    prompt = [{"role": "user", "content": "Play the ticker game."}]
-    return datasets.Dataset.from_list([{"prompt": prompt, "task": f"ticker {i}", "seed": i} for i in range(2)])
-
-
-# one iteration: 2 tasks × 2 rollouts, as bench_vs_trl.py
-COMMON = dict(per_device_train_batch_size=4, num_generations=2, steps_per_generation=1, gradient_accumulation_steps=1,
-              max_steps=1, learning_rate=1e-5, beta=0.0, loss_type="dapo", bf16=False, gradient_checkpointing=True,
-              report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, seed=0, disable_tqdm=True)
-
-
 def trl_trainer(model, tokenizer, max_completion_length: int, calls: int):
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir=tempfile.mkdtemp(), max_completion_length=max_completion_length,
                       max_tool_calling_iterations=calls + 1, **COMMON)
-    return GRPOTrainer(model, reward_funcs=[], args=args, train_dataset=dataset(), processing_class=tokenizer,
+    return GRPOTrainer(model, reward_funcs=[], args=args, train_dataset=dataset(2), processing_class=tokenizer,
                        peft_config=lora(), environment_factory=Ticker)
 
 
@@ -211,7 +178,7 @@ def finding_1(calls: int, think: int) -> None:
     model, tokenizer = load("own")  # fresh weights (TRL's attempt may have wrapped them)
     own = tokenizer.chat_template
     args = GiGPOConfig(output_dir=tempfile.mkdtemp(), max_completion_length=96, max_turns=calls + 1, **COMMON)
-    trainer = GiGPOTrainer(model, env=Ticker, args=args, train_dataset=dataset(), processing_class=tokenizer,
+    trainer = GiGPOTrainer(model, env=Ticker, args=args, train_dataset=dataset(2), processing_class=tokenizer,
                            peft_config=lora())
     trainer._generate_single_turn = scripted_player(tokenizer, calls, think)
     batches = []
