@@ -162,6 +162,25 @@ def test_expert_on_eval_split(env):
     assert sum(rewards) / len(rewards) >= 0.9  # mean reward / 10
 
 
+def test_expert_takes_the_first_result_that_scores_best(env):
+    # eval-0000: the goal's own product B0UGK82UB3 is the 3rd result, but the 1st (B0PAXUXLW4) scores 1.0 with the
+    # goal's options too; the expert clicks the 1st, buys it and wins (a policy can imitate "the first result").
+    env.reset("eval-0000")
+    env.step(env.expert_action())
+    asins = [env.store.products[i]["asin"] for i in env._results[:3]]
+    assert asins[0] == "B0PAXUXLW4" and asins[2] == env.goal["asin"] == "B0UGK82UB3"
+    assert env.expert_action() == "click[b0paxuxlw4]"
+    reward, info = run_expert(env, "eval-0000")
+    assert reward == SUCCESS_REWARD and info["purchased_asin"] == "B0PAXUXLW4"
+    # over the eval split the expert's product is the first result for most goals
+    first = 0
+    for task in env.tasks("eval")["task"]:
+        env.reset(task)
+        env.step(env.expert_action())
+        first += env.expert_action() == f"click[{env.store.products[env._results[0]]['asin'].lower()}]"
+    assert first == 139  # of 200 (the goal's own product is the first result for 78)
+
+
 # ------------------------------------------------------------------------------------ determinism, pages
 def test_same_seed_same_first_observation(env):
     a, info = env.reset("train-0042", 7)

@@ -46,23 +46,20 @@ SUCCESS_REWARD = 10.0
 SEARCH_PLACEHOLDER = "search[<your query>]"
 _ACTION_RE = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.I | re.S)
 
+# Short on purpose: every token of these is prefilled on every turn and trained on in every row (WebShop's prompts
+# are 200-870 tokens; these two cost ~110 of them, the former wording ~230: 20 % of an expert episode's tokens).
 SYSTEM_PROMPT = (
-    "You are a shopping assistant browsing WebShop, a text version of an online store. Each turn you see "
-    "the current page, where items are separated by [SEP]. Act with exactly one of: search[your query] "
-    "(only when the page has a Search bar) or click[item], where item is something clickable on the page: "
-    "a product id, an option value such as a size or color, 'next >', '< prev', 'back to search', "
-    "'description', 'features' or 'buy now'. First think inside <think> </think>, then put your single "
-    "action inside <action> </action>."
+    "You shop in WebShop, a text store whose pages list items separated by [SEP]. Each turn, write "
+    "<think>...</think> then one action in <action>...</action>: search[query] where the page shows Search, "
+    "or click[item] for something clickable on the page."
 )
 
 PROMPT_TEMPLATE = (
-    "Shopping task: {instruction}\n"
+    "Task: {instruction}\n"
     "{history}"
-    "Step {turn} of at most {max_turns}. Current page:\n{observation}\n"
+    "Step {turn} of {max_turns}. Page:\n{observation}\n"
     "{admissible_actions}"
-    "Find a product that satisfies every requirement of the task, click each requested option, then "
-    "click[buy now]. Reason inside <think> </think>, then answer with one action inside <action> </action>, "
-    "for example <action>search[waterproof hiking boots]</action> or <action>click[buy now]</action>."
+    "Buy a product that meets every requirement: click each requested option, then click[buy now]."
 )
 
 
@@ -319,8 +316,11 @@ class WebShopEnv(TextEnv):
     def expert_action(self) -> str:
         """Next action of a scripted, goal-privileged expert (a test and benchmark utility, not a baseline
         agent): it searches with the instruction minus its price clause, walks the result pages to the
-        result that would score best if bought with the goal's options (preferring the goal's own product,
-        then the highest-ranked), clicks the goal's options that product offers, and buys."""
+        highest-ranked result that would score best if bought with the goal's options, clicks the goal's options
+        that product offers, and buys. Among equally good results it takes the first, not the goal's own product:
+        on the bundled catalog that is the first result in 69 % of the training goals and one of the first two in
+        87 % (the goal's own product: 39 % and 58 %), so a policy that imitates it can mostly act on what the page
+        shows."""
         if self.goal is None or self._done:
             return self.invalid_action
         if self._page == "search":
@@ -341,18 +341,27 @@ class WebShopEnv(TextEnv):
         product = self.store.products[self._item]
         offered = {_click_key(v): v for values in product["options"].values() for v in values}
         chosen = {_click_key(v) for v in self._selected.values()}
-        for opt in self.goal["options"]:
+        for opt in self._options_in_task_order():
             key = _click_key(opt)
             if key in offered and key not in chosen:
                 return f"click[{key}]"
         return "click[buy now]"
 
-    def _achievable(self, idx: int) -> tuple[float, bool]:
+    def _options_in_task_order(self) -> list[str]:
+        """The goal's options in the order the instruction names them (unnamed ones last), so that the expert's
+        next option is always the first one the task text asks for that is not selected yet."""
+        text = f" {normalize(self.goal['instruction'])} "
+        def position(opt: str) -> int:
+            at = text.find(f" {normalize(opt)} ")
+            return at if at >= 0 else len(text)
+        return sorted(self.goal["options"], key=position)
+
+    def _achievable(self, idx: int) -> float:
+        """The score of buying product ``idx`` with the goal's options it offers."""
         product = self.store.products[idx]
         offered = {normalize(v): v for values in product["options"].values() for v in values}
         opts = [offered[normalize(o)] for o in self.goal["options"] if normalize(o) in offered]
-        score = webshop_score(self.goal, product, opts)
-        return score, product["asin"] == self.goal["asin"]
+        return webshop_score(self.goal, product, opts)
 
 
 __all__ = ["PROMPT_TEMPLATE", "RESULTS_PER_PAGE", "SEARCH_PLACEHOLDER", "SUCCESS_REWARD", "SYSTEM_PROMPT", "WebShopEnv"]
