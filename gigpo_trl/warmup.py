@@ -8,9 +8,11 @@ fine-tune it first on demonstrations of an expert. Here:
    the training tasks through the trainer's own :class:`~gigpo_trl.rollout.RolloutCollector` machinery: the same
    prompt messages, history window, chat template (TRL's tokenization), prompt limit, protocol and parser. Only the
    generate call is replaced: each "completion" is the expert's action in the protocol's format,
-   ``<think></think><action>{action}</action>`` followed by the end-of-sequence token, as a generated completion
-   ends. The thought is left empty: the expert does not reason, and no text claims it did. So every demonstration
-   row is token for token the row the collector would record had the policy written that completion.
+   ``<think>{thought}</think><action>{action}</action>`` followed by the end-of-sequence token, as a generated
+   completion ends. The thought is the environment's optional ``expert_thought()``: a short statement of what the
+   expert does next (WebShop: ``select 1 pound``, ``every requested option is selected: buy``), never reasoning it
+   did not do; without that method it is left empty. So every demonstration row is token for token the row the
+   collector would record had the policy written that completion.
 2. **Perturbation** (``perturb_rate`` > 0): at each turn, with that probability, a random admissible action other
    than the expert's is taken instead (DART-style noise injection); that turn is not a demonstration, but the
    expert's next actions show how to recover from the off-path state.
@@ -37,10 +39,12 @@ from .rollout import RolloutCollector, StepRow
 
 logger = logging.getLogger(__name__)
 
-#: The completion written for an expert action (the gigpo-trl / verl-agent format; empty thought, see module doc).
-EXPERT_COMPLETION = "<think></think><action>{action}</action>"
-#: ``info`` key under which a wrapped environment reports its expert's next action (warm-up only).
+#: The completion written for an expert action (the gigpo-trl / verl-agent format; the thought is the environment's
+#: ``expert_thought()``, or empty: see the module doc).
+EXPERT_COMPLETION = "<think>{thought}</think><action>{action}</action>"
+#: ``info`` keys under which a wrapped environment reports its expert's next action and thought (warm-up only).
 EXPERT_INFO_KEY = "expert_action"
+EXPERT_THOUGHT_KEY = "expert_thought"
 # An admissible entry that is a template, not an action (WebShop's "search[<your query>]"): never a random action.
 _PLACEHOLDER = re.compile(r"<[^<>\s][^<>]*>")
 
@@ -95,6 +99,8 @@ class _ExpertEnv:
         info = dict(info)
         if not done:
             info[EXPERT_INFO_KEY] = self.env.expert_action()
+            thought = getattr(self.env, "expert_thought", None)
+            info[EXPERT_THOUGHT_KEY] = thought() if callable(thought) else ""
         return info
 
     def reset(self, task: Any, seed: Any = None):
@@ -159,8 +165,8 @@ class _ExpertCollector(RolloutCollector):
         if self.perturb_rate > 0 and self.rng.random() < self.perturb_rate:
             others = [a for a in st.get("admissible") or [] if a != expert and not _PLACEHOLDER.search(a)]
             if others:
-                return EXPERT_COMPLETION.format(action=self.rng.choice(others)), False
-        return EXPERT_COMPLETION.format(action=expert), True
+                return EXPERT_COMPLETION.format(thought="", action=self.rng.choice(others)), False
+        return EXPERT_COMPLETION.format(thought=st["info"].get(EXPERT_THOUGHT_KEY, ""), action=expert), True
 
     def _generate_completions(self, prompt_ids, n_active: int, n_global: int, filler, batch):
         texts, expert = zip(*(self._expert_text(st) for st in self._turn_states)) if n_active else ((), ())

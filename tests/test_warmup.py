@@ -40,7 +40,7 @@ def test_demonstration_rows_are_the_collectors_rows(tmp_path, tiny_model_dir, ti
         n_prompt = row["completion_mask"].index(1)
         completion = row["input_ids"][n_prompt:]
         expert = env.expert_action()
-        text = EXPERT_COMPLETION.format(action=expert)
+        text = EXPERT_COMPLETION.format(thought="", action=expert)
         assert completion == tiny_tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
         assert row["completion"] == [{"role": "assistant", "content": text}] and row["turn"] == turn
         assert row["completion_mask"] == [0] * n_prompt + [1] * len(completion)
@@ -54,6 +54,32 @@ def test_demonstration_rows_are_the_collectors_rows(tmp_path, tiny_model_dir, ti
     assert len(batch.rows[2].prompt_messages[1]["content"]) > len(batch.rows[0].prompt_messages[1]["content"])  # history
 
 
+class ThinkingCorridor(CorridorEnv):
+    """A corridor whose expert states its move (the optional ``expert_thought()``)."""
+
+    def expert_thought(self) -> str:
+        return f"go {self.expert_action()}"
+
+
+def test_demonstration_thought_is_the_envs_expert_thought(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from peft import LoraConfig
+
+    args = GiGPOConfig(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=2, max_steps=1,
+                       max_turns=6, history_length=1, max_completion_length=32, bf16=False, use_cpu=True,
+                       report_to="none", save_strategy="no", disable_tqdm=True)
+    trainer = GiGPOTrainer(tiny_model_dir, env=functools.partial(ThinkingCorridor, length=3, max_turns=8), args=args,
+                           processing_class=tiny_tokenizer, peft_config=LoraConfig(r=8, target_modules=["q_proj"]))
+    data, _ = collect_demonstrations(trainer, 1, tasks=trainer.train_dataset.select([0]), progress=False)
+    env = ThinkingCorridor(length=3, max_turns=8)
+    env.reset(trainer.train_dataset[0]["task"], trainer.train_dataset[0]["seed"])
+    expected = []
+    for _ in range(3):
+        move = env.expert_action()
+        expected.append(f"<think>go {move}</think><action>{move}</action>")
+        env.step(move)
+    assert [c[0]["content"] for c in data["completion"]] == expected
+
+
 def test_perturbed_turns_are_not_demonstrations(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer = make_trainer(tmp_path, tiny_tokenizer, tiny_model_dir)
     data, stats = collect_demonstrations(trainer, 12, perturb_rate=0.5, seed=3, progress=False)
@@ -62,7 +88,7 @@ def test_perturbed_turns_are_not_demonstrations(tmp_path, tiny_model_dir, tiny_t
     for prompt, completion in zip(data["prompt"], data["completion"]):
         observation = prompt[1]["content"].split("You see:\n")[-1].splitlines()[0]
         expert = re.search(r"(up|down|left|right) (arch|stairs|way out)", observation).group(1)
-        assert completion[0]["content"] == EXPERT_COMPLETION.format(action=expert), (observation, completion)
+        assert completion[0]["content"] == EXPERT_COMPLETION.format(thought="", action=expert), (observation, completion)
     assert len(data) + stats["perturbed_turns"] + stats["dropped_invalid"] > 12 * 3  # wrong doors cost turns
     with pytest.raises(ValueError, match=r"perturb_rate must be in \[0, 1\), got 1.0"):
         collect_demonstrations(trainer, 1, perturb_rate=1.0)

@@ -181,6 +181,23 @@ def test_expert_takes_the_first_result_that_scores_best(env):
     assert first == 139  # of 200 (the goal's own product is the first result for 78)
 
 
+def test_expert_thought_names_the_next_decision(env):
+    # train-0970 (one option, "1 pound"): the thought says what the expert does next, so that on the product page
+    # "select ..." and "every requested option ...: buy" part before the action's tokens do.
+    env.reset("train-0970")
+    steps = []
+    for _ in range(5):
+        thought, action = env.expert_thought(), env.expert_action()
+        steps.append((thought, action))
+        _, reward, done, _ = env.step(action)
+        if done:
+            break
+    assert [t for t, _ in steps] == ["search the task", "open the highest-ranked result that fits the task",
+                                     "select 1 pound", "every requested option is selected: buy"]
+    assert [a for _, a in steps[1:]] == ["click[b0cptu4k6w]", "click[1 pound]", "click[buy now]"]
+    assert reward == SUCCESS_REWARD and env.expert_thought() == ""  # the episode is over
+
+
 # ------------------------------------------------------------------------------------ determinism, pages
 def test_same_seed_same_first_observation(env):
     a, info = env.reset("train-0042", 7)

@@ -347,6 +347,29 @@ class WebShopEnv(TextEnv):
                 return f"click[{key}]"
         return "click[buy now]"
 
+    def expert_thought(self) -> str:
+        """The warm-up's thought for :meth:`expert_action` in this state: what the expert does next, in a few words.
+
+        On a product page it separates the two decisions before the action's tokens do (``select 1 pound`` /
+        ``every requested option is selected: buy``): with an empty thought, ``click[`` is followed by one of many
+        option names or by the one ``buy now``, and a policy cloned on a few dozen rows writes ``buy now``."""
+        action = self.expert_action()
+        if self.goal is None or self._done:
+            return ""
+        if self._page == "search":
+            return "search the task"
+        if self._page == "results":
+            if action == "click[back to search]":
+                return "no results: search again"
+            if action in ("click[next >]", "click[< prev]"):
+                return "the best match is on another page"
+            return "open the highest-ranked result that fits the task"
+        if self._page == "item":
+            if action == "click[buy now]":
+                return "every requested option is selected: buy"
+            return f"select {action[len('click['):-1]}"
+        return "back to the product"
+
     def _options_in_task_order(self) -> list[str]:
         """The goal's options in the order the instruction names them (unnamed ones last), so that the expert's
         next option is always the first one the task text asks for that is not selected yet."""
