@@ -9,7 +9,7 @@ fine-tune it first on demonstrations of an expert. Here:
    prompt messages, history window, chat template (TRL's tokenization), prompt limit, protocol and parser. Only the
    generate call is replaced: each "completion" is the expert's action in the protocol's format,
    ``<think>{thought}</think><action>{action}</action>`` followed by the end-of-sequence token, as a generated
-   completion ends. The thought is the environment's optional ``expert_thought()``: a short statement of what the
+   completion ends. The thought is the environment's optional ``expert_thought(action)``: a short statement of what the
    expert does next (WebShop: ``select 1 pound``, ``every requested option is selected: buy``), never reasoning it
    did not do; without that method it is left empty. So every demonstration row is token for token the row the
    collector would record had the policy written that completion.
@@ -40,7 +40,7 @@ from .rollout import RolloutCollector, StepRow
 logger = logging.getLogger(__name__)
 
 #: The completion written for an expert action (the gigpo-trl / verl-agent format; the thought is the environment's
-#: ``expert_thought()``, or empty: see the module doc).
+#: ``expert_thought(action)``, or empty: see the module doc).
 EXPERT_COMPLETION = "<think>{thought}</think><action>{action}</action>"
 #: ``info`` keys under which a wrapped environment reports its expert's next action and thought (warm-up only).
 EXPERT_INFO_KEY = "expert_action"
@@ -98,9 +98,9 @@ class _ExpertEnv:
     def _with_expert(self, info: dict, done: bool) -> dict:
         info = dict(info)
         if not done:
-            info[EXPERT_INFO_KEY] = self.env.expert_action()
-            thought = getattr(self.env, "expert_thought", None)
-            info[EXPERT_THOUGHT_KEY] = thought() if callable(thought) else ""
+            action = info[EXPERT_INFO_KEY] = self.env.expert_action()
+            thought = getattr(self.env, "expert_thought", None)  # computed from the action, not a second expert call
+            info[EXPERT_THOUGHT_KEY] = thought(action) if callable(thought) else ""
         return info
 
     def reset(self, task: Any, seed: Any = None):

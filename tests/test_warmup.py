@@ -55,10 +55,10 @@ def test_demonstration_rows_are_the_collectors_rows(tmp_path, tiny_model_dir, ti
 
 
 class ThinkingCorridor(CorridorEnv):
-    """A corridor whose expert states its move (the optional ``expert_thought()``)."""
+    """A corridor whose expert states its move (the optional ``expert_thought(action)``)."""
 
-    def expert_thought(self) -> str:
-        return f"go {self.expert_action()}"
+    def expert_thought(self, action: str) -> str:
+        return f"go {action}"
 
 
 def test_demonstration_thought_is_the_envs_expert_thought(tmp_path, tiny_model_dir, tiny_tokenizer):

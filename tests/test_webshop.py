@@ -187,7 +187,8 @@ def test_expert_thought_names_the_next_decision(env):
     env.reset("train-0970")
     steps = []
     for _ in range(5):
-        thought, action = env.expert_thought(), env.expert_action()
+        action = env.expert_action()
+        thought = env.expert_thought(action)
         steps.append((thought, action))
         _, reward, done, _ = env.step(action)
         if done:
@@ -195,7 +196,7 @@ def test_expert_thought_names_the_next_decision(env):
     assert [t for t, _ in steps] == ["search the task", "open the highest-ranked result that fits the task",
                                      "select 1 pound", "every requested option is selected: buy"]
     assert [a for _, a in steps[1:]] == ["click[b0cptu4k6w]", "click[1 pound]", "click[buy now]"]
-    assert reward == SUCCESS_REWARD and env.expert_thought() == ""  # the episode is over
+    assert reward == SUCCESS_REWARD and env.expert_thought(env.expert_action()) == ""  # the episode is over
 
 
 # ------------------------------------------------------------------------------------ determinism, pages

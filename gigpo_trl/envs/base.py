@@ -37,10 +37,9 @@ Optional hooks the collector uses when an environment (or its class) defines the
   completion, ``<think>{thought}</think><action>{action}</action>``, and trains the policy on those rows before
   GiGPO. It must work from any state, including after someone else's off-path actions (the warm-up may perturb the
   expert). Every bundled environment has one; ``check_env`` reports whether an environment does.
-- ``expert_thought() -> str`` (optional, with ``expert_action``): the demonstration's thought in the current state, a
-  short statement of what the expert does next (``select 1 pound``), never reasoning the expert did not do; without
-  it the thought is empty. Worth writing where the action's first tokens alone would not separate the decisions
-  (WebShop: an option click against ``click[buy now]``).
+- ``expert_thought(action) -> str`` (optional, with ``expert_action``): the demonstration's thought for ``action``,
+  the expert's action in the current state: a short statement of what the expert does next (``select 1 pound``),
+  never reasoning the expert did not do; without it the thought is empty.
 
 Environments written for TRL's ``environment_factory`` or for OpenEnv need none of this: ``env=`` recognises them and
 wraps them (``gigpo_trl/envs/adapters.py``, ``trl_tools.py``, ``openenv.py``). Both may define ``anchor_state()``

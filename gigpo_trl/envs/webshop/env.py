@@ -347,13 +347,10 @@ class WebShopEnv(TextEnv):
                 return f"click[{key}]"
         return "click[buy now]"
 
-    def expert_thought(self) -> str:
-        """The warm-up's thought for :meth:`expert_action` in this state: what the expert does next, in a few words.
-
-        On a product page it separates the two decisions before the action's tokens do (``select 1 pound`` /
-        ``every requested option is selected: buy``): with an empty thought, ``click[`` is followed by one of many
-        option names or by the one ``buy now``, and a policy cloned on a few dozen rows writes ``buy now``."""
-        action = self.expert_action()
+    def expert_thought(self, action: str) -> str:
+        """The warm-up's thought for ``action`` (:meth:`expert_action` in this state): what the expert does next, in
+        a few words. On a product page it names the decision before the action's tokens do (``select 1 pound`` /
+        ``every requested option is selected: buy``); "" once the episode is over."""
         if self.goal is None or self._done:
             return ""
         if self._page == "search":
