@@ -75,7 +75,7 @@ import torch  # noqa: E402
 import gigpo_trl.trainer as trainer_module  # noqa: E402
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from gigpo_trl.envs.corridor import INSTRUCTION as CORRIDOR_INSTRUCTION  # noqa: E402
-from gigpo_trl.envs.corridor import DEAD_ENDS, MOVES, OPPOSITE, PASSAGES, CorridorEnv  # noqa: E402
+from gigpo_trl.envs.corridor import DEAD_ENDS, MOVES, OPPOSITE, PASSAGES, CorridorEnv, reset_clock  # noqa: E402
 from gigpo_trl.envs.frozenlake import ACTION_NAMES, FrozenLakeEnv  # noqa: E402
 from gigpo_trl.envs.frozenlake import INSTRUCTION as FROZENLAKE_INSTRUCTION  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
@@ -671,6 +671,7 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     from transformers import AutoModelForCausalLM, PrinterCallback
 
     global RECORDER
+    reset_clock()  # every (seed, arm) run sees the clock cells' clock lines from 1, whatever ran before it here
     RECORDER = AnchorRecorder().install()
     try:
         model = AutoModelForCausalLM.from_pretrained(init_dir)
@@ -761,6 +762,7 @@ def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
               "again", flush=True)
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
+    reset_clock()
     try:
         stats = legal_move_warmup(model, tok, a, env_factory, train_tasks, seed)
     except WarmupFailed as e:

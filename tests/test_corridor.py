@@ -179,6 +179,24 @@ def test_clock_nuisance_never_repeats_across_instances_and_the_hook_drops_it():
         CorridorEnv(nuisance="time")
 
 
+def test_reset_clock_restarts_the_clock_lines_so_two_runs_see_the_same_values():
+    from gigpo_trl.envs import corridor
+
+    def run():
+        env = CorridorEnv(directions=2, nuisance="clock")
+        return [env.reset(0, 0)[0], env.step("right")[0], env.step("left")[0]]
+
+    for _ in range(3):
+        run()  # other runs in the same process move the clock on
+    corridor.reset_clock()
+    first = run()
+    assert [o.split("\nclock ")[1] for o in first] == ["1", "2", "3"]
+    corridor.reset_clock()
+    assert run() == first
+    corridor.reset_clock(41)
+    assert run()[0].endswith("\nclock 41")
+
+
 def test_trap_door_ends_the_episode_with_reward_0_at_the_known_door():
     from gigpo_trl.envs.corridor import trap_room
 

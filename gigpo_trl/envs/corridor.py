@@ -94,6 +94,15 @@ NUISANCES = ("turn", "clock")
 CLOCK = itertools.count(1)
 
 
+def reset_clock(start: int = 1) -> None:
+    """Restart the process-wide ``CLOCK`` at ``start``: the next rendered ``clock`` line reads ``clock {start}``.
+
+    A run that compares policies in one process calls it before each policy's run, so that every run sees clock
+    values of the same size (a counter that is never reset grows with every run before it)."""
+    global CLOCK
+    CLOCK = itertools.count(start)
+
+
 def trap_room(task_id: int, length: int) -> int:
     """Index (0-based) of the room whose dead end is a trap door in corridor ``task_id`` with ``trap_door=True``,
     drawn from ``random.Random(f"trap-{length}-{task_id}")``."""
