@@ -516,3 +516,27 @@ def test_real_format_missing_and_malformed(tmp_path):
     (bad2 / "items_ins_v2_1000.json").write_text(json.dumps(["B0FAKE0001"]))
     with pytest.raises(ValueError, match="items_ins_v2_1000.json"):
         WebShopEnv(data_dir=bad2)
+
+
+def test_warmup_replay_counts_the_turns_where_the_policy_leaves_the_expert():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from warmup_replay import replay
+
+    env = WebShopEnv()
+    records = []
+    for trajectory, wrong_turn in enumerate((None, 2)):  # the expert's episode, then one that buys instead of an option
+        env.reset("train-0000")
+        for turn in range(6):
+            action = env.expert_action()
+            if turn == wrong_turn:
+                assert env._page == "item" and action != "click[buy now]"
+                action = "click[buy now]"
+            records.append({"task": "train-0000", "group": 0, "trajectory": trajectory, "turn": turn, "action": action})
+            if env.step(action)[2]:
+                break
+    counts = replay(records)
+    assert counts["search"] == {"= expert": 2} and counts["results"] == {"= expert": 2}
+    assert counts["option"] == {"= expert": 2, "buy now": 1}  # train-0000 asks for two options
+    assert counts["buy"] == {"= expert": 1}
