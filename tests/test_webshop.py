@@ -182,8 +182,8 @@ def test_expert_takes_the_first_result_that_scores_best(env):
 
 
 def test_expert_thought_names_the_next_decision(env):
-    # train-0970 (one option, "1 pound"): the thought says what the expert does next, so that on the product page
-    # "select ..." and "every requested option ...: buy" part before the action's tokens do.
+    # train-0970 (one option, "1 pound"): on the product page the thought writes out the expert's comparison (the
+    # task's options the product offers, the selected ones) before the next click; train-0000 has two options.
     env.reset("train-0970")
     steps = []
     for _ in range(5):
@@ -194,9 +194,19 @@ def test_expert_thought_names_the_next_decision(env):
         if done:
             break
     assert [t for t, _ in steps] == ["search the task", "open the highest-ranked result that fits the task",
-                                     "select 1 pound", "every requested option is selected: buy"]
+                                     "task options: 1 pound. selected: none. next: 1 pound",
+                                     "task options: 1 pound. selected: 1 pound. next: buy"]
     assert [a for _, a in steps[1:]] == ["click[b0cptu4k6w]", "click[1 pound]", "click[buy now]"]
     assert reward == SUCCESS_REWARD and env.expert_thought(env.expert_action()) == ""  # the episode is over
+    env.reset("train-0000")  # navy blue, then 15.6 inch, in the order the task names them
+    thoughts = []
+    while not env._done:
+        action = env.expert_action()
+        thoughts.append(env.expert_thought(action))
+        env.step(action)
+    assert thoughts[2:] == ["task options: navy blue, 15.6 inch. selected: none. next: navy blue",
+                            "task options: navy blue, 15.6 inch. selected: navy blue. next: 15.6 inch",
+                            "task options: navy blue, 15.6 inch. selected: navy blue, 15.6 inch. next: buy"]
 
 
 # ------------------------------------------------------------------------------------ determinism, pages
@@ -289,6 +299,7 @@ def test_item_page_options_and_subpages(env):
     product = env.store.products[env._item]
     for group, values in product["options"].items():
         assert f" [SEP] {group} [SEP] {values[0]}" in item_obs
+    assert "[SEP] Selected options: none [SEP]" in item_obs  # nothing chosen yet, said on the page
     obs, _, _, _ = env.step(f"click[{goal['options'][0]}]")
     assert "Selected options: " in obs and goal["options"][0] in obs.split("Selected options: ")[1]
     desc, _, _, info = env.step("click[description]")

@@ -9,8 +9,8 @@ with ``WebShop [SEP] Instruction: [SEP] <instruction> [SEP]``:
 - results page: ``Back to Search [SEP] Page 2 (Total results: 50) [SEP] < Prev [SEP] Next > [SEP]
   B0... [SEP] <title> [SEP] $12.99 [SEP] ...``; 10 results per page out of the top 50 of a BM25 search.
 - item page: ``Back to Search [SEP] < Prev [SEP] <group> [SEP] <value> [SEP] ... [SEP] <title> [SEP]
-  Price: $x [SEP] Rating: y [SEP] Description [SEP] Features [SEP] Buy Now``; once options are chosen a
-  ``Selected options: size: large, color: red`` segment follows the option groups.
+  Price: $x [SEP] Rating: y [SEP] Description [SEP] Features [SEP] Buy Now``; a ``Selected options: none`` segment
+  follows the option groups, ``Selected options: size: large, color: red`` once options are chosen.
 - description / features sub-pages: ``Back to Search [SEP] < Prev [SEP] <text>``.
 
 Actions are ``search[query]`` and ``click[x]`` where ``x`` is one of the page's clickables: ``back to
@@ -282,9 +282,8 @@ class WebShopEnv(TextEnv):
             if self._page == "item":
                 for group, values in product["options"].items():
                     parts += [group, *values]
-                if self._selected:
-                    chosen = ", ".join(f"{g}: {v}" for g, v in self._selected.items())
-                    parts.append(f"Selected options: {chosen}")
+                chosen = ", ".join(f"{g}: {v}" for g, v in self._selected.items())
+                parts.append(f"Selected options: {chosen or 'none'}")
                 rating = product.get("rating")
                 parts += [product["title"], f"Price: {_fmt_price(product['price'])}",
                           f"Rating: {rating if rating is not None else 'N.A.'}", "Description", "Features",
@@ -348,9 +347,11 @@ class WebShopEnv(TextEnv):
         return "click[buy now]"
 
     def expert_thought(self, action: str) -> str:
-        """The warm-up's thought for ``action`` (:meth:`expert_action` in this state): what the expert does next, in
-        a few words. On a product page it names the decision before the action's tokens do (``select 1 pound`` /
-        ``every requested option is selected: buy``); "" once the episode is over."""
+        """The warm-up's thought for ``action`` (:meth:`expert_action` in this state), in a few words. On a product
+        page it is the expert's own comparison, written out before the click: the task's options that this product
+        offers, in the order the task names them, the selected ones (as the page's ``Selected options`` shows them),
+        and the next click (``task options: navy blue, 15.6 inch. selected: navy blue. next: 15.6 inch``, ``... next:
+        buy``); "" once the episode is over."""
         if self.goal is None or self._done:
             return ""
         if self._page == "search":
@@ -362,9 +363,15 @@ class WebShopEnv(TextEnv):
                 return "the best match is on another page"
             return "open the highest-ranked result that fits the task"
         if self._page == "item":
-            if action == "click[buy now]":
-                return "every requested option is selected: buy"
-            return f"select {action[len('click['):-1]}"
+            # the expert's comparison, written out: the task's options this product offers (task order), the ones
+            # selected so far (the page's "Selected options"), then the next click
+            product = self.store.products[self._item]
+            offered = {_click_key(v) for values in product["options"].values() for v in values}
+            wanted = [k for k in map(_click_key, self._options_in_task_order()) if k in offered]
+            chosen = [_click_key(v) for v in self._selected.values()]
+            step = "buy" if action == "click[buy now]" else action[len("click["):-1]
+            return (f"task options: {', '.join(wanted) or 'none'}. selected: {', '.join(chosen) or 'none'}. "
+                    f"next: {step}")
         return "back to the product"
 
     def _options_in_task_order(self) -> list[str]:
