@@ -54,7 +54,8 @@ def main():
     def tag(ds):
         return [is_item(ds[i]) for i in range(len(ds))]
     item_probe = [i for i, f in enumerate(tag(probe)) if f]
-    print(f"[probe] demos {st['rows']} rows; probe rows {len(probe)}, item rows {len(item_probe)}; {time.time()-t0:.0f}s", flush=True)
+    print(f"[probe] demos {st['rows']} rows; probe rows {len(probe)}, item rows {len(item_probe)}; "
+          f"{time.time() - t0:.0f}s", flush=True)
     model = trainer.model
     def greedy(label):
         t = time.time()
@@ -84,7 +85,8 @@ def main():
                 hits[k][1] += 1; hits[k][0] += ga == wa
                 outs.append({"want": want, "got": text})
         model.train()
-        print(f"[probe] {label}: select rows {hits['select'][0]}/{hits['select'][1]}, buy rows {hits['buy'][0]}/{hits['buy'][1]} ({time.time()-t:.0f}s)", flush=True)
+        print(f"[probe] {label}: select rows {hits['select'][0]}/{hits['select'][1]}, "
+              f"buy rows {hits['buy'][0]}/{hits['buy'][1]} ({time.time() - t:.0f}s)", flush=True)
         json.dump(outs, open(f"{out}_{label}.json", "w"), indent=1)
     if load:
         from peft import set_peft_model_state_dict
@@ -93,7 +95,8 @@ def main():
         print(f"[probe] loaded {load}", flush=True)
     else:
         t = time.time()
-        res = build_sft_trainer(trainer, demos, st, epochs=epochs, learning_rate=lr, batch_size=1, seed=args.seed).train()
+        res = build_sft_trainer(trainer, demos, st, epochs=epochs, learning_rate=lr, batch_size=1,
+                                seed=args.seed).train()
         print(f"[probe] sft {res.global_step} steps loss {res.training_loss:.4f} {time.time()-t:.0f}s", flush=True)
         if save:
             from peft import get_peft_model_state_dict
@@ -104,8 +107,10 @@ def main():
     if item_epochs:
         items = demos.select([i for i, f in enumerate(tag(demos)) if f])
         t = time.time()
-        res = build_sft_trainer(trainer, items, st, epochs=item_epochs, learning_rate=lr, batch_size=1, seed=args.seed).train()
-        print(f"[probe] item-only sft on {len(items)} rows: {res.global_step} steps loss {res.training_loss:.4f} {time.time()-t:.0f}s", flush=True)
+        res = build_sft_trainer(trainer, items, st, epochs=item_epochs, learning_rate=lr, batch_size=1,
+                                seed=args.seed).train()
+        print(f"[probe] item-only sft on {len(items)} rows: {res.global_step} steps loss "
+              f"{res.training_loss:.4f} {time.time() - t:.0f}s", flush=True)
         greedy("after_item")
 
 

@@ -116,8 +116,9 @@ _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "
              "eval_max_tasks": 4}
 # WebShop: the current page only (its pages are 300-1,000 tokens; a history pair doubles every prompt), 5 turns (the
 # expert's episodes take 3-5 except 3 %), one GiGPO iteration after the warm-up, 30 held-out goals evaluated in
-# batches of 10 episodes (one batch of 30 peaked at 4.24 GB, batches of 10 at 2.64 GB and faster); a warm-up of 24 expert episodes into LoRA on every linear layer, and 64 completion tokens (the
-# expert's product-page thought takes up to 47) (sizes: benchmarks/README.md, "warmup_design.py").
+# batches of 10 episodes (one batch of 30 held ~30 long product pages in one cache: the job's peak); a warm-up of 24
+# expert episodes into LoRA on every linear layer; 64 completion tokens (the expert's product-page thought takes up
+# to 47). Sizes and measurements: benchmarks/README.md, "warmup_design.py".
 _WEBSHOP = {**_LONG_OBS, "history_length": 0, "max_turns": 5, "max_steps": 1, "eval_max_tasks": 30,
             "per_device_eval_batch_size": 10, "max_completion_length": 64, "warmup_episodes": 24,
             "lora_target_modules": ["all-linear"]}

@@ -9,10 +9,10 @@ fine-tune it first on demonstrations of an expert. Here:
    prompt messages, history window, chat template (TRL's tokenization), prompt limit, protocol and parser. Only the
    generate call is replaced: each "completion" is the expert's action in the protocol's format,
    ``<think>{thought}</think><action>{action}</action>`` followed by the end-of-sequence token, as a generated
-   completion ends. The thought is the environment's optional ``expert_thought(action)``: a short statement of what the
-   expert does next (WebShop, product page: ``task options: 1 pound. selected: none. next: 1 pound``), never reasoning it
-   did not do; without that method it is left empty. So every demonstration row is token for token the row the
-   collector would record had the policy written that completion.
+   completion ends. The thought is the environment's optional ``expert_thought(action)``: a short statement of what
+   the expert does next (WebShop, product page: ``task options: 1 pound. selected: none. next: 1 pound``), never
+   reasoning it did not do; without that method it is left empty. So every demonstration row is token for token the
+   row the collector would record had the policy written that completion.
 2. **Perturbation** (``perturb_rate`` > 0): at each turn, with that probability, a random admissible action other
    than the expert's is taken instead (DART-style noise injection); that turn is not a demonstration, but the
    expert's next actions show how to recover from the off-path state.
