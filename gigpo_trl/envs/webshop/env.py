@@ -337,14 +337,8 @@ class WebShopEnv(TextEnv):
             if page < self._page_no:
                 return "click[< prev]"
             return f"click[{self.store.products[self._results[best]]['asin'].lower()}]"
-        product = self.store.products[self._item]
-        offered = {_click_key(v): v for values in product["options"].values() for v in values}
         chosen = {_click_key(v) for v in self._selected.values()}
-        for opt in self._options_in_task_order():
-            key = _click_key(opt)
-            if key in offered and key not in chosen:
-                return f"click[{key}]"
-        return "click[buy now]"
+        return next((f"click[{key}]" for key in self._wanted_options() if key not in chosen), "click[buy now]")
 
     def expert_thought(self, action: str) -> str:
         """The warm-up's thought for ``action`` (:meth:`expert_action` in this state), in a few words. On a product
@@ -365,14 +359,18 @@ class WebShopEnv(TextEnv):
         if self._page == "item":
             # the expert's comparison, written out: the task's options this product offers (task order), the ones
             # selected so far (the page's "Selected options"), then the next click
-            product = self.store.products[self._item]
-            offered = {_click_key(v) for values in product["options"].values() for v in values}
-            wanted = [k for k in map(_click_key, self._options_in_task_order()) if k in offered]
+            wanted = self._wanted_options()
             chosen = [_click_key(v) for v in self._selected.values()]
             step = "buy" if action == "click[buy now]" else action[len("click["):-1]
             return (f"task options: {', '.join(wanted) or 'none'}. selected: {', '.join(chosen) or 'none'}. "
                     f"next: {step}")
         return "back to the product"
+
+    def _wanted_options(self) -> list[str]:
+        """The goal's options that the current product offers, as click keys, in the order the task names them."""
+        product = self.store.products[self._item]
+        offered = {_click_key(v) for values in product["options"].values() for v in values}
+        return [key for key in map(_click_key, self._options_in_task_order()) if key in offered]
 
     def _options_in_task_order(self) -> list[str]:
         """The goal's options in the order the instruction names them (unnamed ones last), so that the expert's
