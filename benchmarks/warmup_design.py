@@ -13,15 +13,10 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str]) -> None:
-    held = 60
-    if "--design_eval_goals" in argv:
-        i = argv.index("--design_eval_goals")
-        held = int(argv[i + 1])
-        argv = argv[:i] + argv[i + 2:]
-
+def recut_splits(held: int) -> None:
+    """Make ``WebShopEnv.tasks`` serve the last ``held`` training goals as the eval split and the other training goals
+    as the training split (for the rest of the process)."""
     from gigpo_trl.envs import webshop
-    from gigpo_trl.job import main as job_main
 
     tasks = webshop.WebShopEnv.tasks
 
@@ -31,6 +26,18 @@ def main(argv: list[str]) -> None:
         return goals.select(range(n - held, n)) if split in ("eval", "test") else goals.select(range(n - held))
 
     webshop.WebShopEnv.tasks = design_tasks
+
+
+def main(argv: list[str]) -> None:
+    held = 60
+    if "--design_eval_goals" in argv:
+        i = argv.index("--design_eval_goals")
+        held = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+
+    from gigpo_trl.job import main as job_main
+
+    recut_splits(held)
     print(f"[design] evaluation split = the last {held} training goals; training split = the other training goals",
           flush=True)
     job_main("webshop", argv)

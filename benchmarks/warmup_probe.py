@@ -31,23 +31,19 @@ def main():
     save = pop("--save", "", str)
     load = pop("--load", "", str)
     held = 30
-    from gigpo_trl.envs import webshop
     from gigpo_trl import job as J
     from gigpo_trl.warmup import collect_demonstrations, build_sft_trainer
-    tasks = webshop.WebShopEnv.tasks
-    def design_tasks(self, split="train"):
-        g = tasks(self, "train"); n = len(g)
-        return g.select(range(n - held, n)) if split in ("eval", "test") else g.select(range(n - held))
-    webshop.WebShopEnv.tasks = design_tasks
+    from warmup_design import recut_splits
+    recut_splits(held)
     parser = J.build_parser({"env": "webshop"}, {**J.EXAMPLE_DEFAULTS["webshop"], "output_dir": out})
     job, args, model_args = parser.parse_args_and_config(argv + ["--overwrite_output_dir", "true"])
-    base, hub, tok = J.load_base_model(model_args)
+    base, _, tok = J.load_base_model(model_args)
     args.model_init_kwargs = {**(args.model_init_kwargs or {}), "dtype": model_args.dtype or "auto"}
-    factory, probe_env, train_ds, eval_ds = J.load_tasks(job)
+    factory, _, train_ds, eval_ds = J.load_tasks(job)
     trainer, _ = J.build_trainer(job, args, model_args, base, tok, factory, train_ds, eval_ds)
     t0 = time.time()
     demos, st = collect_demonstrations(trainer, episodes, progress=False)
-    probe, pst = collect_demonstrations(trainer, held, tasks=eval_ds, progress=False)
+    probe, _ = collect_demonstrations(trainer, held, tasks=eval_ds, progress=False)
     def is_item(row):
         user = row["prompt"][-1]["content"]
         return "Buy Now" in user and "Page:" in user and "Buy Now" in user.split("Page:")[-1]
@@ -60,7 +56,6 @@ def main():
     def greedy(label):
         t = time.time()
         model.eval()
-        eos = tok.eos_token_id
         hits = {"select": [0, 0], "buy": [0, 0]}
         outs = []
         for s in range(0, len(item_probe), 8):

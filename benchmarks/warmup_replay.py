@@ -1,13 +1,13 @@
 """Where a WebShop policy leaves the expert's path: replay evaluation records against the expert, page by page.
 
-    python benchmarks/warmup_replay.py OUTPUT_DIR [--name eval_after_warmup] [--design_eval_goals 30]
+    python benchmarks/warmup_replay.py OUTPUT_DIR [--name eval_after_warmup]
 
 Reads the evaluation records of a job run (``OUTPUT_DIR/records/eval/<name>*.jsonl.gz``, written with
 ``rollout_records``), replays each trajectory's actions in a fresh :class:`~gigpo_trl.envs.webshop.WebShopEnv` and, at
 every turn, compares the policy's action with ``expert_action()`` in the state the policy reached. Prints, per page
 kind (search, results, item: option turns = the expert would click an option, buy turns = the expert would buy), how
-many turns matched the expert and what the policy did instead. ``--design_eval_goals N``: the records come from
-``benchmarks/warmup_design.py`` (tasks are training goals). Tables of this script: benchmarks/README.md, "Warm-up".
+many turns matched the expert and what the policy did instead. Records of ``benchmarks/warmup_design.py`` replay the
+same way (their tasks are goal ids of the training split). Tables of this script: benchmarks/README.md, "Warm-up".
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("output_dir")
     p.add_argument("--name", default="eval_after_warmup")
-    p.add_argument("--design_eval_goals", type=int, default=None)
     a = p.parse_args(argv)
     from gigpo_trl.records import read_records
 
