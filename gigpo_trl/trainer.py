@@ -47,7 +47,7 @@ from .checks import (check_budget_aux_loss, check_chat_template, check_first_pro
                      disable_attention_dropout, env_reward, max_prompt_length, resolve_envs)
 from .config import GiGPOConfig
 from .dynamic_sampling import DynamicSampler
-from .generation import eval_sampling, generation_params_gathered
+from .generation import eval_sampling, generation_params_gathered, lora_merged_for_generation
 from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
@@ -249,7 +249,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
-        with generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm):
+        with (generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
+              lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
             batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
             if self.dynamic_sampler is not None and mode == "train":
                 batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
@@ -482,7 +483,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         t0 = time.perf_counter()
         local_trajectories, local_rows = [], []
         with (self._eval_sampling(),
-              generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm)):
+              generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
+              lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],

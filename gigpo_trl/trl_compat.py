@@ -38,6 +38,7 @@ TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_for
 ``GRPOTrainer._logs``                                        write     ``test_metrics_and_logs``
 ``GRPOTrainer._tokenizer``                                   read      ``test_tokenizer``
 ``GRPOTrainer._last_loaded_step``                            write     ``test_last_loaded_step``
+``trl.trainer.utils._use_triton`` (SFT's fused LM head)      patch     ``test_fused_lm_head_labelled_only``
 ``VLLMGeneration._iter_named_params()``                      call      ``test_iter_named_params``
 ``VLLMGeneration._iter_named_params``                        write     ``test_vllm_weight_walk``
 ``VLLMGeneration._dist.gather_params(params) / .is_fsdp``    r/w       ``test_vllm_weight_walk``
@@ -236,6 +237,32 @@ def cache_under_checkpointing(model):
         finally:
             for m in layers:
                 del m._can_checkpoint_with_cache
+
+    return context()
+
+
+def fused_lm_head_labelled_only():
+    """Context manager: TRL's fused LM head (``add_fused_lm_head``, the loss of ``SFTTrainer``) projects only the
+    positions that carry a label (≠ −100) on every device, as TRL already does on CUDA/XPU. TRL 1.16 projects every
+    position elsewhere (its reason: tile shapes that change per batch recompile on Neuron), so on a CPU a
+    completion-only SFT row of ~500 prompt tokens and ~35 completion tokens pays the 49k-wide LM head, forward and
+    backward, ~14 times over: a third of the warm-up's time (``benchmarks/README.md``, "Warm-up"). The log-probs,
+    loss and gradients are the same numbers up to float summation order (``test_fused_lm_head_labelled_only``).
+    Relies on ``trl.trainer.utils._use_triton`` deciding only that choice in ``add_fused_lm_head``'s forward (the
+    chunked kernel's own tile fold reads ``trl.kernels.chunked_logprob._use_triton``, left as it is); restored on
+    exit."""
+    import contextlib
+
+    from trl.trainer import utils as trl_utils
+
+    @contextlib.contextmanager
+    def context():
+        original = trl_utils._use_triton
+        trl_utils._use_triton = lambda device: True
+        try:
+            yield
+        finally:
+            trl_utils._use_triton = original
 
     return context()
 

@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import trl_compat
 from .rollout import RolloutCollector, StepRow
 
 logger = logging.getLogger(__name__)
@@ -325,7 +326,8 @@ def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rat
     was_training = model.training
     sft = build_sft_trainer(trainer, dataset, stats, epochs=epochs, learning_rate=learning_rate,
                             batch_size=batch_size, seed=seed)
-    result = sft.train()
+    with trl_compat.fused_lm_head_labelled_only():  # the prompt's positions carry no label: skip their LM head
+        result = sft.train()
     model.train(was_training)
     stats.update(train_loss=float(result.training_loss), sft_steps=int(result.global_step),
                  seconds=time.perf_counter() - started)

@@ -1,6 +1,7 @@
 """gigpo_trl/generation.py: the contexts around a rollout. CPU only. Through the trainer: evaluation sampling
 (eval_sampling) in tests/test_trainer.py (test_evaluate_*), the ZeRO-3 gathering once per collect
-(generation_params_gathered) in tests/test_distributed.py."""
+(generation_params_gathered) in tests/test_distributed.py; the LoRA merge around a rollout
+(lora_merged_for_generation) here."""
 
 from __future__ import annotations
 
@@ -31,3 +32,61 @@ def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
         assert model.is_gradient_checkpointing
     finally:
         model.gradient_checkpointing_disable()
+
+
+def _accelerator():
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=True)
+
+
+def test_lora_merged_for_generation_same_outputs_and_weights_back(tiny_tokenizer):
+    """Inside the context every LoRA layer is merged and the model computes the unmerged model's logits (float32:
+    to 1e-5); on exit, also when the block raises, it is unmerged and each base weight is back to within 1e-6."""
+    import torch
+
+    from gigpo_trl.generation import lora_merged_for_generation
+    from peft.tuners.lora import LoraLayer
+
+    from conftest import LINEAR_MODULES, tiny_lora_model
+
+    model = tiny_lora_model(tiny_tokenizer, target_modules=LINEAR_MODULES, b_scale=0.2).float().eval()
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
+    ids = torch.tensor([[5, 9, 17, 3, 40, 41, 2]])
+    with torch.no_grad():
+        unmerged = model(input_ids=ids).logits
+        with torch.no_grad(), model.disable_adapter():
+            base_logits = model(input_ids=ids).logits
+        assert (unmerged - base_logits).abs().max() > 1e-2  # the adapter changes the outputs
+        with lora_merged_for_generation(model, _accelerator(), use_vllm=False):
+            assert len(layers) == 2 * 7 and all(m.merged for m in layers)
+            merged = model(input_ids=ids).logits
+        assert (merged - unmerged).abs().max() < 1e-5
+        assert not any(m.merged for m in layers)
+        with pytest.raises(KeyError):
+            with lora_merged_for_generation(model, _accelerator(), use_vllm=False):
+                raise KeyError("inside the collect")
+        assert not any(m.merged for m in layers)
+    for n, p in model.named_parameters():
+        if "base_layer" in n:
+            assert (p - base[n]).abs().max() < 1e-6, n
+
+
+@pytest.mark.parametrize("case", ["bf16", "vllm", "no_peft"])
+def test_lora_merged_for_generation_leaves_other_models_alone(tiny_tokenizer, case):
+    """No merge for bf16 base weights (one bf16 rounding per merge would drift the base), with vLLM (its own
+    weight sync), or without a PEFT model."""
+    from gigpo_trl.generation import lora_merged_for_generation
+    from gigpo_trl.models import build_tiny_model
+    from peft.tuners.lora import LoraLayer
+
+    from conftest import tiny_lora_model
+
+    model = tiny_lora_model(tiny_tokenizer) if case != "no_peft" else build_tiny_model(tiny_tokenizer)
+    if case == "vllm":
+        model = model.float()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with lora_merged_for_generation(model, _accelerator(), use_vllm=case == "vllm"):
+        assert not any(m.merged for m in model.modules() if isinstance(m, LoraLayer))
+        assert all((p == before[n]).all() for n, p in model.named_parameters())

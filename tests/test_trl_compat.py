@@ -205,6 +205,46 @@ def test_cache_under_checkpointing(tiny_tokenizer):
         assert all("_can_checkpoint_with_cache" not in vars(m) for m in layers)
 
 
+def test_fused_lm_head_labelled_only(tiny_tokenizer, monkeypatch):
+    """``fused_lm_head_labelled_only`` makes TRL's fused LM head project only the labelled positions on a CPU (4 of
+    11 here, where it projects all 11 by default), with the same log-probs, loss and gradients (to 1e-6), and
+    restores TRL's device test on exit."""
+    from trl.trainer import utils as trl_utils
+
+    from gigpo_trl.models import build_tiny_model
+
+    with contract("trl.trainer.utils._use_triton in add_fused_lm_head"):
+        assert "compact = _use_triton(" in source(trl_utils.add_fused_lm_head)
+    model = build_tiny_model(tiny_tokenizer).float()
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    ids = torch.tensor([[5, 9, 17, 3, 40, 41, 2, 8, 30, 31, 32, 33]])
+    labels = ids.clone()
+    labels[:, :8] = -100
+    projected, apply = [], trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(hidden, *args):
+        projected.append(hidden.shape[0])
+        return apply(hidden, *args)
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        out.loss.backward()
+        return out.log_probs.detach(), out.loss.detach(), model.model.embed_tokens.weight.grad.clone()
+
+    original = trl_utils._use_triton
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    default = run()
+    with trl_compat.fused_lm_head_labelled_only():
+        assert trl_utils._use_triton(torch.device("cpu")) is True
+        labelled = run()
+    assert trl_utils._use_triton is original
+    assert projected == [11, 4]
+    for a, b in zip(default, labelled):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-6
+    assert (default[0][0, :7] == 0).all() and (default[0][0, 7:] < 0).all()
+
+
 # ---------------------------------------------------------------------------------------------- _compute_loss
 def _loss_types_in_trl() -> set[str]:
     text = source(GRPOTrainer._compute_loss)
