@@ -195,6 +195,51 @@ def test_trl_adapter_anchor_hook_and_bad_envs():
         check_env(NoDocstring)
 
 
+class ExpertHanoi(TowerOfHanoi):
+    """TowerOfHanoi with an optional expert for the warm-up: the next move of the textbook solution (2 disks)."""
+
+    PLAN = {"pegs: [2, 1] [] []": (0, 1), "pegs: [2] [1] []": (0, 2), "pegs: [] [1] [2]": (1, 2)}
+
+    def expert_action(self) -> dict:
+        src, dst = self.PLAN[self._show()]
+        return {"name": "move", "arguments": {"src": src, "dst": dst}}
+
+
+def test_trl_adapter_expert_is_not_a_tool_and_solves():
+    """A TRL env's ``expert_action()`` is the adapter's expert (canonical JSON that ``step`` takes, never a tool);
+    three expert steps solve 2-disk Hanoi. Without one the adapter has none; a bad return names the value."""
+    from gigpo_trl.warmup import check_expert, has_expert
+
+    env = TRLToolEnv(ExpertHanoi)
+    env.reset({"n_disks": 2}, seed=0)
+    assert list(env.tools) == ["move"] and "expert_action" not in env.system_prompt
+    assert has_expert(env) and check_env(ExpertHanoi)["expert_action"] is True
+    moves = []
+    for _ in range(3):
+        action = env.expert_action()
+        moves.append(action)
+        obs, reward, done, info = env.step(action)
+        assert info["action_valid"]
+    assert moves[0] == '{"name": "move", "arguments": {"src": 0, "dst": 1}}'
+    assert (obs, reward, done) == ("pegs: [] [] [2, 1]", 1.0, True)
+    assert parse_tool_call(f"<think></think><action>{moves[1]}</action>").action == moves[1]
+
+    plain = TRLToolEnv(TowerOfHanoi)
+    plain.reset({"n_disks": 2}, seed=0)
+    assert not has_expert(plain)
+    with pytest.raises(TypeError, match="TowerOfHanoi has no expert_action"):
+        check_expert(plain)
+
+    class BadExpert(TowerOfHanoi):
+        def expert_action(self):
+            return {"name": "jump", "arguments": {}}
+
+    bad = TRLToolEnv(BadExpert)
+    bad.reset({"n_disks": 2}, seed=0)
+    with pytest.raises(ValueError, match=r"BadExpert.expert_action\(\) returned \{'name': 'jump'.*\['move'\]"):
+        bad.expert_action()
+
+
 def test_recognition_in_one_place():
     from toy_env import LineWalkEnv
 

@@ -26,6 +26,11 @@ optional ``get_reward()`` scores the finished episode. :class:`TRLToolEnv` turns
   current state), else the observation text. A step that failed keeps the previous anchor (with the error text
   appended), since the state did not change. Caution: under TRL itself a public ``anchor_state`` method would also be
   offered to the model as a tool.
+- expert (for :func:`gigpo_trl.warmup.expert_warmup`): the env's optional ``expert_action()`` (no arguments; the
+  next tool call of a scripted or privileged solver, as ``{"name": tool, "arguments": {...}}`` or that JSON as a
+  string) becomes the adapter's ``expert_action()``, the canonical JSON :meth:`TRLToolEnv.step` takes, written into
+  the demonstration as ``<action>{json}</action>``. Like ``anchor_state``, it is not offered as a tool here, but
+  would be under TRL itself.
 
 Errors raised here name the env class and the method.
 """
@@ -42,7 +47,7 @@ from typing import Any
 from .base import ParsedAction, TextEnv
 
 #: Methods of a TRL environment that are not tools (TRL skips ``reset``, ``get_reward`` and ``_private`` ones).
-NON_TOOL_METHODS = ("reset", "get_reward", "anchor_state")
+NON_TOOL_METHODS = ("reset", "get_reward", "anchor_state", "expert_action")
 
 TOOL_SYSTEM_PROMPT = (
     "You are an agent that acts by calling tools. The tools, as JSON schemas:\n<tools>\n{tools}\n</tools>\n"
@@ -120,7 +125,7 @@ def decode_tool_call(text: str) -> tuple[tuple[str, dict] | None, str | None]:
 
 def tool_methods(env: Any) -> dict[str, Callable]:
     """The tools of a TRL environment instance as TRL finds them: public functions defined on its class (properties are
-    not evaluated), except ``reset``, ``get_reward`` and ``anchor_state``; ``{name: bound method}`` in name order."""
+    not evaluated), except ``reset``, ``get_reward``, ``anchor_state`` and ``expert_action``; ``{name: bound method}`` in name order."""
     return {
         name: getattr(env, name)
         for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
@@ -310,6 +315,29 @@ class TRLToolEnv(TextEnv):
         """The env's ``anchor_state()`` if it has one, else the key computed at the last reset/step (the observation
         text; after a failed step, the previous key with the error)."""
         return self._anchor
+
+    @property
+    def expert_action(self) -> Callable[[], str]:
+        """The env's expert as the adapter's ``expert_action()``: the env's next call, as canonical JSON. Absent
+        (``AttributeError``, so :func:`~gigpo_trl.warmup.has_expert` is false) when the env defines none.
+
+        Raises (when called):
+            ValueError: the env's ``expert_action()`` returned something other than a call of one of its tools
+                (a ``{"name", "arguments"}`` mapping or its JSON); the message names the class and the value."""
+        if not callable(getattr(self.env, "expert_action", None)):
+            raise AttributeError(f"{type(self.env).__name__} defines no expert_action()")
+        return self._expert_call
+
+    def _expert_call(self) -> str:
+        value = _run(self.env.expert_action())
+        call, error = decode_tool_call(value if isinstance(value, str) else json.dumps(value, default=str))
+        if call is None or call[0] not in self.tools:
+            raise ValueError(
+                f"{type(self.env).__name__}.expert_action() returned {value!r:.200}; it must return the next tool "
+                f"call as {{'name': tool, 'arguments': {{...}}}} (or its JSON), naming one of the tools "
+                f"{sorted(self.tools)}" + (f" ({error})" if error else "")
+            )
+        return json.dumps({"name": call[0], "arguments": call[1]}, ensure_ascii=False)
 
     def parse_completion(self, text: str) -> ParsedAction:
         """The collector's parser for this env: :func:`parse_tool_call`."""
