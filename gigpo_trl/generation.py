@@ -44,9 +44,9 @@ def lora_merged_for_generation(model_wrapped, accelerator, use_vllm: bool):
     unmerge it on exit, also when the block raises.
 
     An unmerged LoRA adapter on every linear layer adds two small matmuls and a dropout call per layer and token;
-    on a CPU that nearly doubles the prompt prefill of the default model (SmolLM2-135M, r 16, 10 prompts of 900
-    tokens: 13.3 s unmerged, 7.4 s merged; benchmarks/README.md, "Warm-up"). Merged, the forward is one matmul per
-    layer and computes the same function up to float rounding. The base weights come back from
+    on a CPU that nearly doubles the prompt prefill of the default model (SmolLM2-135M in float32, LoRA r 16 on
+    every linear layer, 10 left-padded prompts of 940 tokens: 26.4 s unmerged, 14.9 s merged; benchmarks/README.md,
+    "Warm-up"). Merged, the forward is one matmul per layer and computes the same function up to float rounding. The base weights come back from
     ``unmerge_adapter`` up to one rounding per merge (float32: ~1e-7 relative), as in TRL's own vLLM weight sync,
     which merges and unmerges every step.
 
@@ -76,10 +76,9 @@ def _mergeable_lora(model) -> bool:
     if not isinstance(model, PeftModel) or model.active_peft_config.peft_type != PeftType.LORA:
         return False
     layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
-    return bool(layers) and all(
-        not m.merged and m.get_base_layer().weight.dtype == torch.float32 and type(m.get_base_layer()) is torch.nn.Linear
-        for m in layers
-    )
+    bases = [m.get_base_layer() for m in layers]  # a quantized base is a Linear subclass (bitsandbytes)
+    return bool(layers) and not any(m.merged for m in layers) and all(
+        type(b) is torch.nn.Linear and b.weight.dtype == torch.float32 for b in bases)
 
 
 @contextlib.contextmanager

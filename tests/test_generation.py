@@ -56,7 +56,7 @@ def test_lora_merged_for_generation_same_outputs_and_weights_back(tiny_tokenizer
     ids = torch.tensor([[5, 9, 17, 3, 40, 41, 2]])
     with torch.no_grad():
         unmerged = model(input_ids=ids).logits
-        with torch.no_grad(), model.disable_adapter():
+        with model.disable_adapter():
             base_logits = model(input_ids=ids).logits
         assert (unmerged - base_logits).abs().max() > 1e-2  # the adapter changes the outputs
         with lora_merged_for_generation(model, _accelerator(), use_vllm=False):

@@ -125,7 +125,8 @@ def decode_tool_call(text: str) -> tuple[tuple[str, dict] | None, str | None]:
 
 def tool_methods(env: Any) -> dict[str, Callable]:
     """The tools of a TRL environment instance as TRL finds them: public functions defined on its class (properties are
-    not evaluated), except ``reset``, ``get_reward``, ``anchor_state`` and ``expert_action``; ``{name: bound method}`` in name order."""
+    not evaluated), except ``reset``, ``get_reward``, ``anchor_state`` and ``expert_action``; ``{name: bound
+    method}`` in name order."""
     return {
         name: getattr(env, name)
         for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
