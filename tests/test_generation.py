@@ -90,3 +90,39 @@ def test_lora_merged_for_generation_leaves_other_models_alone(tiny_tokenizer, ca
     with lora_merged_for_generation(model, _accelerator(), use_vllm=case == "vllm"):
         assert not any(m.merged for m in model.modules() if isinstance(m, LoraLayer))
         assert all((p == before[n]).all() for n, p in model.named_parameters())
+
+
+def test_trainer_generates_with_the_adapter_merged(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """Through the trainer: every generate call of an evaluation and of a training rollout sees the LoRA layers
+    merged; between them (scoring, the training forward) they are unmerged, and the base weights stay within 1e-6."""
+    import functools
+
+    from peft import LoraConfig
+    from peft.tuners.lora import LoraLayer
+
+    from gigpo_trl import GiGPOConfig, GiGPOTrainer
+    from gigpo_trl.envs.corridor import CorridorEnv
+
+    args = GiGPOConfig(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=2,
+                       max_steps=1, max_turns=3, max_completion_length=8, eval_max_tasks=2, bf16=False,
+                       report_to="none", save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True)
+    trainer = GiGPOTrainer(tiny_model_dir, env=functools.partial(CorridorEnv, length=3, max_turns=3), args=args,
+                           processing_class=tiny_tokenizer,
+                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    layers = [m for m in trainer.model.modules() if isinstance(m, LoraLayer)]
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "base_layer" in n}
+    seen, generate = [], trainer.collector.generate_fn
+
+    def spy(prompt_ids):
+        seen.append(all(m.merged for m in layers))
+        return generate(prompt_ids)
+
+    trainer.collector.generate_fn = spy
+    trainer.evaluate()
+    n_eval = len(seen)
+    assert n_eval >= 1 and not any(m.merged for m in layers)
+    trainer.train()
+    assert len(seen) > n_eval and all(seen) and not any(m.merged for m in layers)
+    for n, p in trainer.model.named_parameters():
+        if "base_layer" in n:
+            assert (p - base[n]).abs().max() < 1e-6, n
