@@ -44,11 +44,10 @@ def lora_merged_for_generation(model_wrapped, accelerator, use_vllm: bool):
     unmerge it on exit, also when the block raises.
 
     An unmerged LoRA adapter on every linear layer adds two small matmuls and a dropout call per layer and token;
-    on a CPU that nearly doubles the prompt prefill of the default model (SmolLM2-135M in float32, LoRA r 16 on
-    every linear layer, 10 left-padded prompts of 940 tokens: 26.4 s unmerged, 14.9 s merged; benchmarks/README.md,
-    "Warm-up"). Merged, the forward is one matmul per layer and computes the same function up to float rounding. The base weights come back from
-    ``unmerge_adapter`` up to one rounding per merge (float32: ~1e-7 relative), as in TRL's own vLLM weight sync,
-    which merges and unmerges every step.
+    on a CPU that nearly doubles the prompt prefill of the default model (measured in benchmarks/README.md,
+    "Warm-up"). Merged, the forward is one matmul per layer and computes the same function up to float rounding.
+    The base weights come back from ``unmerge_adapter`` up to one rounding per merge (float32: ~1e-7 relative), as
+    in TRL's own vLLM weight sync, which merges and unmerges every step.
 
     Merges only where that is exact enough and cheap: transformers generation (not ``use_vllm``), no DeepSpeed or
     FSDP (sharded weights), an unwrapped ``peft.PeftModel`` whose active adapter is LoRA and whose LoRA base weights

@@ -245,8 +245,8 @@ def fused_lm_head_labelled_only():
     """Context manager: TRL's fused LM head (``add_fused_lm_head``, the loss of ``SFTTrainer``) projects only the
     positions that carry a label (≠ −100) on every device, as TRL already does on CUDA/XPU. TRL 1.16 projects every
     position elsewhere (its reason: tile shapes that change per batch recompile on Neuron), so on a CPU a
-    completion-only SFT row of ~470 prompt tokens and ~35 completion tokens pays the 49k-wide LM head, forward and
-    backward, ~14 times over: a third of the warm-up's time (``benchmarks/README.md``, "Warm-up"). The log-probs,
+    completion-only SFT row, mostly prompt, pays the vocabulary-wide LM head, forward and backward, on every prompt
+    position (the warm-up's cost of it: ``benchmarks/README.md``, "Warm-up"). The log-probs,
     loss and gradients are the same numbers up to float summation order (``test_fused_lm_head_labelled_only``).
     Relies on ``trl.trainer.utils._use_triton`` deciding only that choice in ``add_fused_lm_head``'s forward (the
     chunked kernel's own tile fold reads ``trl.kernels.chunked_logprob._use_triton``, left as it is); restored on
