@@ -1,0 +1,44 @@
+"""Run a documentation example as written, on the default model, and print what it measures (issue 31).
+
+    python benchmarks/doc_example.py README.md              # the notebook snippet (WebShop, ~13 min on 2 cores)
+    python benchmarks/doc_example.py docs/environments.md   # the Hanoi TRL example (~3 min)
+
+Takes the page's Python block that calls ``expert_warmup(trainer, ...)``, runs it unchanged except that each
+top-level ``trainer.evaluate()`` and ``expert_warmup(...)`` line also prints its result (``EVAL {...}``,
+``WARMUP {...}``), then prints the seconds the block took (``DONE N s``). Run it with ``HF_HUB_OFFLINE=1`` and
+``OMP_NUM_THREADS=2``, from any folder (the example writes under ``outputs/``). Figures: benchmarks/README.md."""
+import re
+import sys
+import time
+from pathlib import Path
+
+
+def example_source(page: Path) -> str:
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if "expert_warmup(trainer" in b]
+    if len(blocks) != 1:
+        raise SystemExit(f"{page}: expected one python block calling expert_warmup(trainer, ...), found {len(blocks)}")
+    lines = []
+    for line in blocks[0].splitlines():
+        call = line.split("#")[0].strip()
+        if line.startswith("trainer.evaluate()"):
+            line = f"print('EVAL', {call}, flush=True)"
+        elif line.startswith("expert_warmup("):
+            line = f"print('WARMUP', {call}, flush=True)"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    page = Path(sys.argv[1])
+    if not page.is_absolute() and not page.exists():
+        page = Path(__file__).resolve().parent.parent / page
+    source = example_source(page)
+    start = time.perf_counter()
+    exec(compile(source, f"{page.name} example", "exec"), {"__name__": "doc_example"})
+    print(f"DONE {time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
