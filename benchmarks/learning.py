@@ -119,7 +119,7 @@ MAP_EVAL_TASKS = 128
 CONDITIONS = {
     "h6": dict(axis="horizon", label="6 rooms", length=6, max_turns=15, walk_turns=18, iterations=10),
     "h12": dict(axis="horizon", label="12 rooms", length=12, max_turns=30, walk_turns=36, iterations=10),
-    "h24": dict(axis="horizon", label="24 rooms", length=24, max_turns=60, walk_turns=72, iterations=None),
+    "h24": dict(axis="horizon", label="24 rooms", length=24, max_turns=60, walk_turns=72, iterations=10),
     "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=10),
     "clock_sim": dict(axis="anchors", label="nuisance,\nsimilarity 0.9", nuisance="clock",
                       anchor_similarity_threshold=0.9, iterations=10,

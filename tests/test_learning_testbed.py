@@ -286,9 +286,13 @@ def test_condition_settings_reach_the_env_and_the_config():
     assert learning.env_factory_for(plain)().reset(task=5)[0] == "room 1: left arch, right closet"
 
 
-def test_condition_without_iterations_or_with_a_foreign_arm_is_refused():
-    with pytest.raises(SystemExit):  # h24: its design run has not set I yet
+def test_condition_without_iterations_or_with_a_foreign_arm_is_refused(monkeypatch):
+    # a cell whose design run has not set I yet (every cell of the map has one now)
+    monkeypatch.setitem(learning.CONDITIONS, "h24", learning.CONDITIONS["h24"] | {"iterations": None})
+    with pytest.raises(SystemExit):
         learning.parse_args(["--condition", "h24"])
+    monkeypatch.undo()
+    assert learning.parse_args(["--condition", "h24"]).iterations == 10  # the design run's budget rule
     with pytest.raises(SystemExit):
         learning.parse_args(["--condition", "clock_sim", "--iterations", "10", "--arms", "GraphGPO"])
     assert learning.parse_args(["--condition", "h6", "--quick"]).iterations == 3
