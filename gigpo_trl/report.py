@@ -192,6 +192,15 @@ def eval_history(eval_records: Sequence[dict], names: Sequence[str]) -> list[dic
     return out
 
 
+def eval_label(name: str) -> str:
+    """The legend label of an evaluation's ``metric_key_prefix``: ``eval_after_warmup`` -> "evaluation after warmup",
+    ``eval_after_paper`` -> "evaluation after (paper draw)", ``eval`` -> "evaluation"."""
+    words = [w for w in name.split("_") if w and w != "eval"]
+    paper = words[-1:] == ["paper"]
+    words = words[:-1] if paper else words
+    return " ".join(["evaluation", *words]) + (" (paper draw)" if paper else "")
+
+
 def curves_figure(log_history: Sequence[dict], records_by_iteration: dict[int, list[dict]] | None = None):
     """The training curves (a plotly figure, 2 × 3 panels) from ``log_history`` (``trainer_state.json``'s list);
     evaluation entries (``eval*_success_rate`` ...) as markers; the step-group panel from the records (share of
@@ -222,7 +231,7 @@ def curves_figure(log_history: Sequence[dict], records_by_iteration: dict[int, l
                 points = [(h["step"], h[k]) for h in log_history if k in h and "step" in h]
                 if points:
                     fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers",
-                                             name=name, marker={"size": 11, "symbol": "diamond",
+                                             name=eval_label(name), marker={"size": 11, "symbol": "diamond",
                                                                 "color": palette[(j + 1) % len(palette)]},
                                              legendgroup=name, showlegend=i == 0), row=row, col=col)
                     drawn = True
@@ -573,4 +582,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["build_report", "curves_figure", "estimator_values", "eval_history", "group_graph", "load_log_history", "main"]
+__all__ = ["build_report", "curves_figure", "estimator_values", "eval_history", "eval_label", "group_graph",
+           "load_log_history", "main"]

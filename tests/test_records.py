@@ -17,7 +17,7 @@ from toy_env import NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
 from gigpo_trl.records import RECORD_FIELDS, load_records, record_files, row_records, write_records
-from gigpo_trl.report import build_report, estimator_values, main
+from gigpo_trl.report import build_report, estimator_values, eval_label, main
 from gigpo_trl.rollout import StepRow, TrajectoryRecord
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -264,7 +264,7 @@ def test_report_of_hand_built_group_in_chromium(tmp_path):
     assert found["after_switch"] != [e["color"] for e in graph["edges"]]
     # the curves: the logged points and the evaluation marker
     curves = found["figures"]["curves"]
-    assert curves["traces"]["eval_after"] == 2 and curves["rendered"] == sum(curves["traces"].values())
+    assert curves["traces"]["evaluation after"] == 2 and curves["rendered"] == sum(curves["traces"].values())
 
 
 @needs_chromium
@@ -287,12 +287,18 @@ def test_report_of_a_tiny_run_in_chromium(tiny_run, tmp_path):
     assert found["errors"] == []
     curves = found["figures"]["curves"]
     assert curves["points"]["train success rate"] == 2 and curves["points"]["train loss"] == 2
-    assert curves["points"]["eval_after"] == 3  # one evaluation: a marker in each of the three evaluation panels
+    assert curves["points"]["evaluation after"] == 3  # one evaluation: a marker in each of the three evaluation panels
     for iteration, (rows, _) in zip((1, 2), seen):  # one graph per task group, an edge per row
         graphs = [f for name, f in found["figures"].items() if name.startswith(f"graph-it{iteration}-")]
         assert len(graphs) == len({r.group_id for r in rows})
         assert sum(f["traces"]["action"] for f in graphs) == len(rows)
         assert sum(f["points"]["end"] for f in graphs) == len({r.trajectory_id for r in rows})
+
+
+def test_evaluation_legend_labels_read_as_words():
+    # the job's metric_key_prefixes (job.evaluate: eval_{when}, eval_{when}_paper) and the trainer's default
+    assert [eval_label(n) for n in ("eval", "eval_before", "eval_after_warmup", "eval_after_paper", "eval_eval")] == [
+        "evaluation", "evaluation before", "evaluation after warmup", "evaluation after (paper draw)", "evaluation"]
 
 
 def test_report_refuses_a_folder_without_records_or_log(tmp_path, capsys):
