@@ -17,19 +17,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 def main():
-    argv = sys.argv[1:]
-    def pop(name, default, cast):
-        nonlocal argv
-        if name in argv:
-            i = argv.index(name); v = cast(argv[i + 1]); argv = argv[:i] + argv[i + 2:]; return v
-        return default
-    episodes = pop("--episodes", 24, int)
-    epochs = pop("--epochs", 2.0, float)
-    item_epochs = pop("--item_epochs", 0.0, float)
-    lr = pop("--lr", 1e-3, float)
-    out = pop("--out", "outputs/warmup_probe/probe", str)
-    save = pop("--save", "", str)
-    load = pop("--load", "", str)
+    import argparse
+
+    # the probe's own flags; every other flag goes to the main job's parser
+    p = argparse.ArgumentParser(description="warm-up probe (issue 31)", add_help=False, allow_abbrev=False)
+    p.add_argument("--episodes", type=int, default=24)
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--item_epochs", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--out", default="outputs/warmup_probe/probe")
+    p.add_argument("--save", default="")
+    p.add_argument("--load", default="")
+    opts, argv = p.parse_known_args()
+    episodes, epochs, item_epochs, lr = opts.episodes, opts.epochs, opts.item_epochs, opts.lr
+    out, save, load = opts.out, opts.save, opts.load
     held = 30
     from gigpo_trl import job as J
     from gigpo_trl.warmup import collect_demonstrations, build_sft_trainer
