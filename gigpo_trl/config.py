@@ -334,6 +334,28 @@ class GiGPOConfig(GRPOConfig):
                 f"{self.num_generations!r}"
             )
         super().__post_init__()
+        self._check_estimator()
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.history_length < 0:
+            raise ValueError(f"history_length must be >= 0, got {self.history_length}")
+        if self.invalid_action_penalty < 0:
+            raise ValueError(f"invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
+        self._check_env_workers()
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
+        if self.max_dynamic_sampling_rounds < 0:
+            raise ValueError(f"max_dynamic_sampling_rounds must be >= 0, got {self.max_dynamic_sampling_rounds}")
+        every = self.rollout_records_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"rollout_records_every must be an int >= 1, got {every!r}")
+        if self.eval_temperature < 0:
+            raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+        self._check_token_budget()
+
+    def _check_estimator(self) -> None:
+        """The advantage estimator's settings (GiGPO, HGPO, GraphGPO): each bad value raises a ValueError naming it;
+        settings that another option makes unused warn."""
         if self.advantage_mode not in MODES:
             raise ValueError(f"advantage_mode must be one of {list(MODES)}, got {self.advantage_mode!r}")
         if self.episode_stats not in EPISODE_STATS:
@@ -369,7 +391,7 @@ class GiGPOConfig(GRPOConfig):
                 f"step_advantage_weight={self.step_advantage_weight} is not used by step_grouping='hierarchical': "
                 "HGPO's advantage is its weighted step advantage alone (A_E enters only with hierarchy_base_group)",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
             warnings.warn(
@@ -377,25 +399,8 @@ class GiGPOConfig(GRPOConfig):
                 f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
                 "hierarchy_depth <= history_length, e.g. both 2)",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.history_length < 0:
-            raise ValueError(f"history_length must be >= 0, got {self.history_length}")
-        if self.invalid_action_penalty < 0:
-            raise ValueError(f"invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
-        self._check_env_workers()
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
-        if self.max_dynamic_sampling_rounds < 0:
-            raise ValueError(f"max_dynamic_sampling_rounds must be >= 0, got {self.max_dynamic_sampling_rounds}")
-        every = self.rollout_records_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"rollout_records_every must be an int >= 1, got {every!r}")
-        if self.eval_temperature < 0:
-            raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
-        self._check_token_budget()
 
     def _check_env_workers(self) -> None:
         from .envs.pool import BACKENDS
