@@ -265,28 +265,15 @@ def curves_figure(log_history: Sequence[dict], records_by_iteration: dict[int, l
 
 
 # ---------------------------------------------------------------------------------------------------- group graphs
-def group_graph(records: Sequence[dict], values: dict[str, list[float]], prefix: str):
-    """One task group's state graph.
-
-    Args:
-        records: the group's records (one training iteration), trajectories' rows in turn order.
-        values: ``{estimator label: advantage per record}`` (:func:`estimator_values`, same order); the first is
-            the default colouring.
-        prefix: id prefix of the transcript elements this graph links to (``{prefix}-t{k}`` for the ``k``-th
-            trajectory's ``<details>``, ``{prefix}-t{k}-{turn}`` for a turn's row).
-
-    Returns:
-        ``(networkx.MultiDiGraph, plotly figure)``: nodes ``("s", anchor_group)`` per anchor state and
-        ``("end", trajectory)`` per trajectory, an edge per record (key: its index in ``records``). The figure's
-        traces: one per edge (named ``"action"``), then ``"state"`` (anchor nodes), ``"end"`` (end nodes) and
-        ``"scale"`` (the colour bar).
-    """
+def state_graph(records: Sequence[dict]):
+    """``(graph, state_label)`` of one task group's records (trajectories' rows in turn order): a
+    ``networkx.MultiDiGraph`` with a node ``("s", anchor_group)`` per anchor state (attributes ``layer``: its
+    earliest turn, ``first``: its first record's index, ``rows``: its records' indices) and ``("end", trajectory)``
+    per trajectory (``layer``: last turn + 1, ``success``, ``first``: the last record's index), and an edge per record
+    (key: its index) from its state to the next row's state or to its trajectory's end; ``state_label`` names the
+    states ``S1``, ``S2``, ... in order of first appearance."""
     import networkx as nx
-    import plotly.graph_objects as go
-    from plotly.colors import sample_colorscale
 
-    trajectories = list(dict.fromkeys(r["trajectory"] for r in records))
-    traj_index = {t: k for k, t in enumerate(trajectories)}
     by_traj: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(records):
         by_traj[r["trajectory"]].append(i)
@@ -307,6 +294,59 @@ def group_graph(records: Sequence[dict], values: dict[str, list[float]], prefix:
         for a, b in zip(idx, idx[1:] + [None]):
             target = ("s", records[b]["anchor_group"]) if b is not None else end
             graph.add_edge(("s", records[a]["anchor_group"]), target, key=a)
+    return graph, state_label
+
+
+def _colour_buttons(fig, values: dict[str, list[float]], edge_rows: list[int]) -> list[dict]:
+    """The graph's restyle buttons, one per estimator in ``values``: each colours the edge traces (the first
+    ``len(edge_rows)`` of ``fig.data``, edge ``j`` being record ``edge_rows[j]``) by that estimator's advantage on a
+    symmetric scale and retitles the colour bar (``fig.data[-1]``); the first button's colouring is applied now."""
+    from plotly.colors import sample_colorscale
+
+    n_edges = len(edge_rows)
+    labels = list(values)
+    buttons = []
+    for lab in labels:
+        edge_values = [values[lab][i] for i in edge_rows]
+        span = max([abs(v) for v in edge_values] + [0.0]) or 1.0  # all 0: a readable ±1 scale, grey edges
+        colors = sample_colorscale(COLORSCALE, [0.5 + 0.5 * v / span for v in edge_values]) if edge_values else []
+        update = {"line.color": colors + ["#000"] * 3, "marker.color": colors + ["#e8e8e8", None, [-span, span]],
+                  "marker.colorbar.title.text": [None] * (n_edges + 2) + [html.escape(lab)]}
+        buttons.append({"label": html.escape(lab), "method": "restyle", "args": [update, list(range(n_edges + 3))]})
+    if buttons:  # the default colouring: apply the first button's values now
+        first = buttons[0]["args"][0]
+        for j, tr in enumerate(fig.data[:n_edges]):
+            tr.line.color = first["line.color"][j]
+            tr.marker.color = first["marker.color"][j]
+        fig.data[-1].marker.color = first["marker.color"][-1]
+        fig.data[-1].marker.colorbar.title.text = html.escape(labels[0])
+        # the end-node colours must survive the restyle: None leaves a trace's value as it is
+        for b in buttons:
+            b["args"][0]["marker.color"][n_edges + 1] = fig.data[n_edges + 1].marker.color
+    return buttons
+
+
+def group_graph(records: Sequence[dict], values: dict[str, list[float]], prefix: str):
+    """One task group's state graph.
+
+    Args:
+        records: the group's records (one training iteration), trajectories' rows in turn order.
+        values: ``{estimator label: advantage per record}`` (:func:`estimator_values`, same order); the first is
+            the default colouring.
+        prefix: id prefix of the transcript elements this graph links to (``{prefix}-t{k}`` for the ``k``-th
+            trajectory's ``<details>``, ``{prefix}-t{k}-{turn}`` for a turn's row).
+
+    Returns:
+        ``(networkx.MultiDiGraph, plotly figure)``: nodes ``("s", anchor_group)`` per anchor state and
+        ``("end", trajectory)`` per trajectory, an edge per record (key: its index in ``records``). The figure's
+        traces: one per edge (named ``"action"``), then ``"state"`` (anchor nodes), ``"end"`` (end nodes) and
+        ``"scale"`` (the colour bar).
+    """
+    import networkx as nx
+    import plotly.graph_objects as go
+
+    graph, state_label = state_graph(records)
+    traj_index = {t: k for k, t in enumerate(dict.fromkeys(r["trajectory"] for r in records))}
     pos = nx.multipartite_layout(graph, subset_key="layer")
 
     labels = list(values)
@@ -368,26 +408,7 @@ def group_graph(records: Sequence[dict], values: dict[str, list[float]], prefix:
                              marker={"opacity": 0, "color": [0.0, 0.0], "colorscale": COLORSCALE, "cmid": 0,
                                      "showscale": True, "colorbar": {"thickness": 12, "len": 0.8}},
                              showlegend=False))
-    n_edges = len(edges)
-    buttons = []
-    for lab in labels:
-        edge_values = [values[lab][i] for _, _, i in edges]
-        span = max([abs(v) for v in edge_values] + [0.0]) or 1.0  # all 0: a readable ±1 scale, grey edges
-        colors = sample_colorscale(COLORSCALE, [0.5 + 0.5 * v / span for v in edge_values]) if edge_values else []
-        update = {"line.color": colors + ["#000"] * 3, "marker.color": colors + ["#e8e8e8", None, [-span, span]],
-                  "marker.colorbar.title.text": [None] * (n_edges + 2) + [html.escape(lab)]}
-        buttons.append({"label": html.escape(lab), "method": "restyle", "args": [update, list(range(n_edges + 3))]})
-    if buttons:  # the default colouring: apply the first button's values now
-        first = buttons[0]["args"][0]
-        for j, tr in enumerate(fig.data[:n_edges]):
-            tr.line.color = first["line.color"][j]
-            tr.marker.color = first["marker.color"][j]
-        span = first["marker.color"][-1]
-        fig.data[-1].marker.color = span
-        fig.data[-1].marker.colorbar.title.text = html.escape(labels[0])
-        # the end-node colours must survive the restyle: None leaves a trace's value as it is
-        for b in buttons:
-            b["args"][0]["marker.color"][n_edges + 1] = fig.data[n_edges + 1].marker.color
+    buttons = _colour_buttons(fig, values, [i for _, _, i in edges])
     layers = defaultdict(int)
     for n in graph:
         layers[graph.nodes[n]["layer"]] += 1
@@ -583,4 +604,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 __all__ = ["build_report", "curves_figure", "estimator_values", "eval_history", "eval_label", "group_graph",
-           "load_log_history", "main"]
+           "load_log_history", "main", "state_graph"]
