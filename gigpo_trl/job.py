@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 
 from . import trl_compat
 from .envs.registry import ENV_CLASSES, PROTOCOLS
+from .report import PHASES  # the phase table's names, shared with the report's legend
 
 logger = logging.getLogger("gigpo_trl.job")
 
@@ -524,9 +525,6 @@ def warm_up(trainer, job: JobArguments) -> dict:
               f"(expert success {stats['success_rate']:.3f}), {stats['sft_steps']} SFT steps, loss "
               f"{stats['train_loss']:.4f}, {stats['seconds']:.0f} s", flush=True)
     return stats
-
-
-PHASES = {"before": "before", "after_warmup": "after warm-up", "after": "after GiGPO"}
 
 
 def print_phase_table(results: dict) -> None:

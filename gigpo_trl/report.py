@@ -192,13 +192,20 @@ def eval_history(eval_records: Sequence[dict], names: Sequence[str]) -> list[dic
     return out
 
 
+# The main job's evaluations (``job.evaluate``'s ``when``; metric_key_prefix ``eval_{when}``) as its phase table
+# names them; the report's legend uses the same names.
+PHASES = {"before": "before", "after_warmup": "after warm-up", "after": "after GiGPO"}
+
+
 def eval_label(name: str) -> str:
-    """The legend label of an evaluation's ``metric_key_prefix``: ``eval_after_warmup`` -> "evaluation after warmup",
-    ``eval_after_paper`` -> "evaluation after (paper draw)", ``eval`` -> "evaluation"."""
+    """The legend label of an evaluation's ``metric_key_prefix``: the job's phases by their :data:`PHASES` name
+    (``eval_after_warmup`` -> "evaluation after warm-up", ``eval_after_paper`` -> "evaluation after GiGPO (paper
+    draw)"), other names word by word (``eval_step_50`` -> "evaluation step 50"), ``eval`` -> "evaluation"."""
     words = [w for w in name.split("_") if w and w != "eval"]
     paper = words[-1:] == ["paper"]
-    words = words[:-1] if paper else words
-    return " ".join(["evaluation", *words]) + (" (paper draw)" if paper else "")
+    phase = "_".join(words[:-1] if paper else words)
+    phase = PHASES.get(phase, phase.replace("_", " "))
+    return " ".join(["evaluation", phase] if phase else ["evaluation"]) + (" (paper draw)" if paper else "")
 
 
 def curves_figure(log_history: Sequence[dict], records_by_iteration: dict[int, list[dict]] | None = None):
@@ -603,5 +610,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["build_report", "curves_figure", "estimator_values", "eval_history", "eval_label", "group_graph",
-           "load_log_history", "main", "state_graph"]
+__all__ = ["PHASES", "build_report", "curves_figure", "estimator_values", "eval_history", "eval_label",
+           "group_graph", "load_log_history", "main", "state_graph"]

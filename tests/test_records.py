@@ -264,7 +264,7 @@ def test_report_of_hand_built_group_in_chromium(tmp_path):
     assert found["after_switch"] != [e["color"] for e in graph["edges"]]
     # the curves: the logged points and the evaluation marker
     curves = found["figures"]["curves"]
-    assert curves["traces"]["evaluation after"] == 2 and curves["rendered"] == sum(curves["traces"].values())
+    assert curves["traces"]["evaluation after GiGPO"] == 2 and curves["rendered"] == sum(curves["traces"].values())
 
 
 @needs_chromium
@@ -287,7 +287,7 @@ def test_report_of_a_tiny_run_in_chromium(tiny_run, tmp_path):
     assert found["errors"] == []
     curves = found["figures"]["curves"]
     assert curves["points"]["train success rate"] == 2 and curves["points"]["train loss"] == 2
-    assert curves["points"]["evaluation after"] == 3  # one evaluation: a marker in each of the three evaluation panels
+    assert curves["points"]["evaluation after GiGPO"] == 3  # one evaluation: a marker in each of the three evaluation panels
     for iteration, (rows, _) in zip((1, 2), seen):  # one graph per task group, an edge per row
         graphs = [f for name, f in found["figures"].items() if name.startswith(f"graph-it{iteration}-")]
         assert len(graphs) == len({r.group_id for r in rows})
@@ -297,8 +297,10 @@ def test_report_of_a_tiny_run_in_chromium(tiny_run, tmp_path):
 
 def test_evaluation_legend_labels_read_as_words():
     # the job's metric_key_prefixes (job.evaluate: eval_{when}, eval_{when}_paper) and the trainer's default
-    assert [eval_label(n) for n in ("eval", "eval_before", "eval_after_warmup", "eval_after_paper", "eval_eval")] == [
-        "evaluation", "evaluation before", "evaluation after warmup", "evaluation after (paper draw)", "evaluation"]
+    names = ("eval", "eval_before", "eval_after_warmup", "eval_after_paper", "eval_eval", "eval_step_50")
+    assert [eval_label(n) for n in names] == [
+        "evaluation", "evaluation before", "evaluation after warm-up", "evaluation after GiGPO (paper draw)",
+        "evaluation", "evaluation step 50"]
 
 
 def test_report_refuses_a_folder_without_records_or_log(tmp_path, capsys):
