@@ -39,6 +39,20 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=21, help="timed repeats per case (median reported)")
+    parser.add_argument("--threshold", type=float, default=0.9, help="similarity_threshold of the fuzzy case")
+    parser.add_argument("--mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
+    parser.add_argument("--reference-repeats", type=int, default=3,
+                        help="timed repeats of the reference's algorithm per size (0 skips the comparison)")
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
+
 from gigpo_trl.advantage import compute_gigpo_advantages  # noqa: E402
 
 TARGET_EXACT_MS = 5.0
@@ -248,13 +262,7 @@ def verdict(ok: bool) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=21, help="timed repeats per case (median reported)")
-    parser.add_argument("--threshold", type=float, default=0.9, help="similarity_threshold of the fuzzy case")
-    parser.add_argument("--mode", default="mean_norm", choices=["mean_norm", "mean_std_norm"])
-    parser.add_argument("--reference-repeats", type=int, default=3,
-                        help="timed repeats of the reference's algorithm per size (0 skips the comparison)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}  numpy {np.__version__}")
     small = make_exact_case(16, 8, 50)

@@ -18,6 +18,18 @@ import copy
 import os
 import sys
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--length", type=int, default=96)
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
+
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -68,11 +80,7 @@ def measure(rows: int, hidden: int, length: int, seed: int = 0) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--length", type=int, default=96)
-    cli = parser.parse_args()
+    cli = build_parser().parse_args()
     torch.set_num_threads(1)
     for seed in (0, 1, 2):
         r = measure(cli.rows, cli.hidden, cli.length, seed)

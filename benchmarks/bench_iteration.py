@@ -21,6 +21,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=5)
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
+
 from conftest import CORPUS  # noqa: E402
 from toy_env import NoisyLineWalkEnv  # noqa: E402
 
@@ -29,9 +39,7 @@ from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E40
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=5)
-    cli = parser.parse_args()
+    cli = build_parser().parse_args()
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     model = build_tiny_model(tokenizer)
     with tempfile.TemporaryDirectory() as out:

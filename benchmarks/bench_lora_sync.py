@@ -18,6 +18,17 @@ import copy
 import os
 import sys
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--syncs", type=int, default=300)
+    parser.add_argument("--hidden", type=int, default=256)
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
+
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -99,10 +110,7 @@ def moved_share(model, initial) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--syncs", type=int, default=300)
-    parser.add_argument("--hidden", type=int, default=256)
-    cli = parser.parse_args()
+    cli = build_parser().parse_args()
     torch.set_num_threads(1)
     for way in ("trl_in_place", "out_of_place"):
         r = run(way, cli.syncs, cli.hidden)

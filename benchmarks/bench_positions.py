@@ -14,25 +14,28 @@ import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--length", type=int, default=300)
+    parser.add_argument("--pads", default="7,33,64,128,150,700")
+    return parser
+
+
 def main():
+    cli = build_parser().parse_args()  # before the heavy imports: --help answers at once
+    import torch
     from conftest import CORPUS
     from trl.trainer.utils import add_fused_lm_head
 
     from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
     from gigpo_trl.positions import install_mask_positions
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--length", type=int, default=300)
-    parser.add_argument("--pads", default="7,33,64,128,150,700")
-    cli = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     pads = [int(p) for p in cli.pads.split(",")]

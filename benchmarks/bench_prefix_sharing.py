@@ -22,6 +22,19 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("calls", 3), ("tasks", 2), ("rollouts", 2), ("system", 300), ("task", 60), ("turn", 70),
+                          ("observation", 40), ("completion", 40), ("history", 2), ("layers", 6),
+                          ("budget", 16384), ("repeats", 1)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
+
 import torch  # noqa: E402
 
 
@@ -54,12 +67,7 @@ def batch(prompts, completions, rows_, pad: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in (("calls", 3), ("tasks", 2), ("rollouts", 2), ("system", 300), ("task", 60), ("turn", 70),
-                          ("observation", 40), ("completion", 40), ("history", 2), ("layers", 6),
-                          ("budget", 16384), ("repeats", 1)):
-        parser.add_argument(f"--{name}", type=int, default=default)
-    cli = parser.parse_args()
+    cli = build_parser().parse_args()
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.trainer.utils import add_fused_lm_head

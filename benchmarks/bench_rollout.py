@@ -3,8 +3,9 @@
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/bench_rollout.py
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/bench_rollout.py --quick     # fewer repeats
 
-Measures, at 16 task groups x 8 rollouts (128 environments), FrozenLake 4x4 with the env's own prompts,
-history_length 2, on a tiny Qwen2 given a short format warm-up (random moves, valid format):
+Measures, at 16 task groups x 8 rollouts (128 environments), FrozenLake 4x4 (the learning benchmark's prompt),
+history_length 2, on a tiny Qwen2 given a short legal-move warm-up (the learning benchmark's ``frozenlake4``
+testbed: its compact local-view prompt, its tokenizer and ``legal_move_warmup`` cut at ``--warmup_steps``):
 
 (a) the collector's whole rollout, ``trainer.collector.collect(...)``, with ``generate_fn`` wrapped to record
     each turn's prompt-id lists and to time the generate calls inside the rollout;
@@ -51,13 +52,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--num_generations", type=int, default=8)
+    p.add_argument("--max_turns", type=int, default=10, help="FrozenLake 4x4's own limit is 10")
+    p.add_argument("--history_length", type=int, default=2)
+    p.add_argument("--max_completion_length", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--warmup_steps", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=3, help="(a)/(b) pairs; medians reported")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--output_dir", default="outputs/bench/rollout")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
+                   help="vllm: rollout throughput of vLLM colocate vs transformers generate (see above)")
+    p.add_argument("--model", default="default", help="--backend vllm: model path (default: the default model)")
+    p.add_argument("--vllm_envs", type=int, default=16, help="--backend vllm: environments per rollout")
+    p.add_argument("--vllm_turns", type=int, default=4, help="--backend vllm: turns per episode (FrozenLake 4x4)")
+    p.add_argument("--vllm_max_model_length", type=int, default=2048)
+    return p
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before torch and the trainer are imported
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages  # noqa: E402
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv  # noqa: E402
 from gigpo_trl.models import build_tiny_model  # noqa: E402
-from learning import format_warmup, make_tokenizer  # noqa: E402
+import learning  # noqa: E402
 
 TARGET_RATIO = 1.15
 
@@ -237,25 +264,7 @@ def main(argv=None) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--groups", type=int, default=16)
-    p.add_argument("--num_generations", type=int, default=8)
-    p.add_argument("--max_turns", type=int, default=10, help="FrozenLake 4x4's own limit is 10")
-    p.add_argument("--history_length", type=int, default=2)
-    p.add_argument("--max_completion_length", type=int, default=10)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--warmup_steps", type=int, default=60)
-    p.add_argument("--repeats", type=int, default=3, help="(a)/(b) pairs; medians reported")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--output_dir", default="outputs/bench/rollout")
-    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers",
-                   help="vllm: rollout throughput of vLLM colocate vs transformers generate (see above)")
-    p.add_argument("--model", default="default", help="--backend vllm: model path (default: the default model)")
-    p.add_argument("--vllm_envs", type=int, default=16, help="--backend vllm: environments per rollout")
-    p.add_argument("--vllm_turns", type=int, default=4, help="--backend vllm: turns per episode (FrozenLake 4x4)")
-    p.add_argument("--vllm_max_model_length", type=int, default=2048)
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
     if a.backend == "vllm":
         if "--num_generations" not in (argv or sys.argv):
             a.num_generations = 4
@@ -272,13 +281,22 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"settings": vars(a)}
 
-    env_factory = functools.partial(FrozenLakeEnv, size=4, max_turns=a.max_turns)
-    tok = make_tokenizer(env_factory, a.history_length, 600)
+    # the learning benchmark's FrozenLake 4x4 testbed, its tokenizer, and its legal-move warm-up cut short: the
+    # policy must answer in format (so rollouts run whole episodes), not play well
+    la = learning.parse_args(["--testbed", "frozenlake4", "--max_turns", str(a.max_turns), "--history_length",
+                              str(a.history_length), "--hidden", str(a.hidden), "--layers", str(a.layers),
+                              "--warmup_steps", str(a.warmup_steps), "--warmup_max_steps", str(a.warmup_steps),
+                              "--warmup_restart_steps", "0"])
+    la.warmup_fail_soft = True  # a short warm-up misses the legal-move target by design
+    env_factory = learning.env_factory_for(la)
+    tok = learning.make_tokenizer(la, env_factory, la.vocab)
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=0)
-    train_maps = list(range(256))
-    loss, secs = format_warmup(model, tok, env_factory, train_maps, a.history_length, a.warmup_steps, 32, 3e-3, 0)
-    print(f"tiny model {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k params, format warm-up "
-          f"{a.warmup_steps} steps ({secs:.0f}s, loss {loss:.3f}); torch threads {torch.get_num_threads()}")
+    warm = learning.legal_move_warmup(model, tok, la, env_factory, list(range(256)), seed=0)
+    check = learning.check_warmup(model, tok, la, env_factory, list(range(256)), n=64, seed=1)
+    print(f"tiny model {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k params, legal-move warm-up "
+          f"{warm['steps']} steps ({warm['seconds']:.0f}s, loss {warm['loss']:.3f}; sampled: valid format "
+          f"{check['valid_format']:.2f}, legal {check['legal']:.2f}); torch threads {torch.get_num_threads()}")
+    report["warmup"] = {"steps": warm["steps"], "loss": warm["loss"]} | check
 
     # ---------------------------------------------------------------- (a) vs (b)
     trainer = make_trainer(model, tok, env_factory, str(out / "trainer"), a.groups, a.num_generations, a.max_turns,

@@ -7,8 +7,8 @@ Takes the page's Python block that calls ``expert_warmup(trainer, ...)``, runs i
 top-level ``trainer.evaluate()`` and ``expert_warmup(...)`` line also prints its result (``EVAL {...}``,
 ``WARMUP {...}``), then prints the seconds the block took (``DONE N s``). Run it with ``HF_HUB_OFFLINE=1`` and
 ``OMP_NUM_THREADS=2``, from any folder (the example writes under ``outputs/``). Figures: benchmarks/README.md."""
+import argparse
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -29,9 +29,9 @@ def example_source(page: Path) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    page = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("page", help="README.md or a docs/ page holding one block that calls expert_warmup(trainer, ...)")
+    page = Path(parser.parse_args().page)
     if not page.is_absolute() and not page.exists():
         page = Path(__file__).resolve().parent.parent / page
     source = example_source(page)

@@ -19,7 +19,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-import datasets
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--disks", type=int, default=3)
+    parser.add_argument("--max_turns", type=int, default=6)
+    parser.add_argument("--num_generations", type=int, default=8)
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
+
+import datasets  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import CORPUS  # noqa: E402  (the test suite's tokenizer corpus)
@@ -53,12 +66,7 @@ class TowerOfHanoi:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--disks", type=int, default=3)
-    parser.add_argument("--max_turns", type=int, default=6)
-    parser.add_argument("--num_generations", type=int, default=8)
-    args = parser.parse_args()
+    args = build_parser().parse_args()
 
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     folder = tempfile.mkdtemp(prefix="tiny-model-")

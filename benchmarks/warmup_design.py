@@ -10,6 +10,7 @@ benchmarks/README.md, "Warm-up"). Prints the job's own lines (phase table, ``[gi
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -29,11 +30,13 @@ def recut_splits(held: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    held = 60
-    if "--design_eval_goals" in argv:
-        i = argv.index("--design_eval_goals")
-        held = int(argv[i + 1])
-        argv = argv[:i] + argv[i + 2:]
+    # this script's own flag; every other flag goes to the main job's parser (examples/train_webshop.py --help)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("--design_eval_goals", type=int, default=60,
+                        help="the last this many training goals become the evaluation split")
+    opts, argv = parser.parse_known_args(argv)
+    held = opts.design_eval_goals
 
     from gigpo_trl.job import main as job_main
 

@@ -14,13 +14,13 @@ demonstrations only and probes again. A much cheaper reading than a whole evalua
 rollouts); the figures are in benchmarks/README.md, "Warm-up"."""
 import os, sys, time, json, re
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-import torch
 
 def main():
     import argparse
 
-    # the probe's own flags; every other flag goes to the main job's parser
-    p = argparse.ArgumentParser(description="warm-up probe (issue 31)", add_help=False, allow_abbrev=False)
+    # the probe's own flags; every other flag goes to the main job's parser (examples/train_webshop.py --help)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--episodes", type=int, default=24)
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--item_epochs", type=float, default=0.0)
@@ -29,6 +29,7 @@ def main():
     p.add_argument("--save", default="")
     p.add_argument("--load", default="")
     opts, argv = p.parse_known_args()
+    import torch
     episodes, epochs, item_epochs, lr = opts.episodes, opts.epochs, opts.item_epochs, opts.lr
     out, save, load = opts.out, opts.save, opts.load
     held = 30

@@ -459,6 +459,9 @@ def run_server(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if not argv or argv[0] not in ("colocate", "server"):
         print(__doc__)
         return 2

@@ -14,6 +14,7 @@
 #    distribution metadata, which `vllm serve`'s CLI reads), one training rollout and one evaluation through it
 #    (scripts/check_vllm.py server); the server is stopped on exit, whatever happens.
 # Every check prints as "[check_vllm] <mode> PASS|FAIL|N/A ..."; the script exits 1 if any FAIL.
+case "${1:-}" in -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0;; esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VLLM_VENV:-.venv-vllm}

