@@ -24,8 +24,7 @@ from gigpo_trl.envs.alfworld import (  # noqa: E402
     TASK_TYPES,
     ALFWorldEnv,
     build_game_file,
-    load_offline_games,
-    verify_walkthroughs,
+    load_offline,
 )
 
 pytestmark = pytest.mark.alfworld
@@ -54,7 +53,7 @@ def env():
 
 def _sample_ids():
     """Two games per task type: one train, one eval (12 games)."""
-    games = load_offline_games()
+    games = load_offline()["games"]
     out = []
     for split in ("train", "eval"):
         for tt in TASK_TYPES:
@@ -85,7 +84,7 @@ def _play_walkthrough(env, task):
 # ------------------------------------------------------------------------------------------------------------
 def test_committed_data_is_compact_and_complete():
     assert os.path.getsize(DATA_FILE) <= 3 * 1024 * 1024
-    games = load_offline_games()
+    games = load_offline()["games"]
     by_split = Counter(g["split"] for g in games)
     assert by_split == {"train": 60, "eval": 30}
     assert len({g["id"] for g in games}) == 90
@@ -170,10 +169,35 @@ def test_expert_action_replays_the_walkthrough_and_resumes_after_a_detour(env):
     assert env.expert_action() == "look"  # the episode is over
 
 
+def verify_walkthroughs(tasks: list[str]) -> list[str]:
+    """Replay the expert walkthrough of each task; one message per task that is won at reset, hits an inadmissible
+    command, or does not end won with reward 10 (empty: all good). Module-level, so a spawned process can run it."""
+    env = ALFWorldEnv(data_dir="builtin")  # a spawned child's `import alfworld` (above) sets ALFWORLD_DATA
+    problems = []
+    try:
+        for task in tasks:
+            _, info = env.reset(task, 0)
+            if info["won"]:
+                problems.append(f"{task}: won at reset")
+                continue
+            reward, done = 0.0, False
+            for action in env.expert_walkthrough(task):
+                if done or action not in info["admissible_actions"]:
+                    problems.append(f"{task}: {action!r} not admissible (or episode already over)")
+                    break
+                _, reward, done, info = env.step(action)
+            else:
+                if not (done and info["won"] and reward == SUCCESS_REWARD):
+                    problems.append(f"{task}: walkthrough ends with reward={reward} done={done} won={info['won']}")
+    finally:
+        env.close()
+    return problems
+
+
 @pytest.mark.slow
 def test_walkthrough_solves_every_committed_game():
     sample = set(_sample_ids())  # already replayed by test_walkthrough_solves_sample
-    ids = [g["id"] for g in load_offline_games() if g["id"] not in sample]
+    ids = [g["id"] for g in load_offline()["games"] if g["id"] not in sample]
     workers = max(1, min(2, os.cpu_count() or 1))
     chunks = [ids[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -268,7 +292,7 @@ def test_check_env_and_registry():
 
 def test_official_layout(tmp_path):
     """A folder in the official layout (json_2.1.1/<split>/<task>/<trial>/) is read like ALFWorld's loader."""
-    games = load_offline_games()
+    games = load_offline()["games"]
     root = tmp_path / "alfworld_data" / "json_2.1.1"
     picks = {"train": games[0], "valid_seen": games[1], "valid_unseen": games[60]}
     for split, rec in picks.items():
@@ -322,8 +346,9 @@ def test_package_default_data_path_does_not_hide_offline_games(monkeypatch):
     import os
 
     import gigpo_trl.envs.alfworld as module
+    from gigpo_trl.envs.alfworld import data
 
-    monkeypatch.setattr(module, "_ALFWORLD_DATA_AT_IMPORT", None)
+    monkeypatch.setattr(data, "_ALFWORLD_DATA_AT_IMPORT", None)
     monkeypatch.setenv("ALFWORLD_DATA", os.path.join(os.path.expanduser("~"), ".cache", "alfworld"))
     assert module.ALFWorldEnv().offline
     monkeypatch.setenv("ALFWORLD_DATA", "/nonexistent/user/choice")

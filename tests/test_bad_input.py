@@ -315,9 +315,6 @@ def test_webshop_data_dir_missing_or_malformed(tmp_path):
 
 def test_alfworld_data_dir_missing():
     pytest.importorskip("alfworld")
-    module = Path(__file__).resolve().parent.parent / "gigpo_trl" / "envs" / "alfworld.py"
-    if not module.is_file():
-        pytest.skip("gigpo_trl/envs/alfworld.py is not there yet")
     from gigpo_trl.envs.alfworld import ALFWorldEnv
 
     with pytest.raises(FileNotFoundError, match="/nonexistent"):

@@ -328,13 +328,13 @@ def test_paper_eval_draw_for_a_fixed_seed():
 
 def test_alfworld_paper_eval_tasks_on_the_bundled_games():
     """Offline there is no valid_seen: the paper's draw runs over the bundled eval games (sorted ids)."""
-    from gigpo_trl.envs.alfworld import ALFWorldEnv, load_offline_games
+    from gigpo_trl.envs.alfworld import ALFWorldEnv, load_offline
     from gigpo_trl.envs.verl_agent.alfworld import PaperALFWorldEnv, paper_eval_draw
 
     env = PaperALFWorldEnv(data_dir="builtin")
     assert env.eval_split == "valid_seen" and env.paper_eval_split() == "eval"
     assert ALFWorldEnv(data_dir="builtin").eval_split == "valid_unseen"
-    ids = [g["id"] for g in load_offline_games() if g["split"] == "eval"]
+    ids = [g["id"] for g in load_offline()["games"] if g["split"] == "eval"]
     assert len(ids) == 30 and ids == sorted(ids)
     tasks = env.paper_eval_tasks(num_episodes=128)
     assert len(tasks) == 128 and tasks["task"] == paper_eval_draw(ids, 0, 128)
