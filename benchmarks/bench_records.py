@@ -41,12 +41,13 @@ def off_cost(calls: int = 100_000) -> float:
     """Seconds per ``record_iteration`` call with ``rollout_records=False`` (what every iteration pays when off)."""
     from types import SimpleNamespace
 
+    from gigpo_trl.observers import RolloutContext
     from gigpo_trl.records import RolloutRecorder
 
-    recorder = RolloutRecorder(SimpleNamespace(args=SimpleNamespace(rollout_records=False)))
+    recorder, context = RolloutRecorder(SimpleNamespace(rollout_records=False)), RolloutContext("train", iteration=1)
     start = time.perf_counter()
     for _ in range(calls):
-        recorder.record_iteration(None, None, 0, "train")
+        recorder.record_iteration(None, None, context)
     return (time.perf_counter() - start) / calls
 
 

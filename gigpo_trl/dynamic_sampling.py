@@ -45,7 +45,8 @@ class DynamicSampler:
         self.gather = gather if gather is not None else (lambda values: values)
         self._warned_still_flat = False
 
-    def resample(self, inputs: list[dict], group_ids: list[str], batch, step: int, metrics: Mapping[str, list]):
+    def resample(self, inputs: list[dict], group_ids: list[str], batch, step: int, metrics: Mapping[str, list],
+                 context=None):
         """Dynamic sampling (DAPO, arXiv 2503.14476, Sec. 3.2): a task group whose trajectory returns are all equal
         carries no episode-level signal; roll out a fresh task in its place, up to ``max_rounds`` extra rounds.
         Unlike DAPO's rule, a group whose step groups still carry a non-zero A_S is kept by default
@@ -54,7 +55,8 @@ class DynamicSampler:
         make the same collect calls. Groups still flat after the last round are kept, counted in
         ``metrics["dynamic_sampling/still_flat_groups"]`` (replaced ones in ``dynamic_sampling/replaced_groups``)
         and warned about once. ``inputs`` and ``group_ids`` are changed in place; returns ``batch``, changed in
-        place."""
+        place. ``context``: the rollout's :class:`~gigpo_trl.observers.RolloutContext`, passed on to each round's
+        ``collect`` (its observers see every round)."""
         dataset = self.dataset
         replaced = 0
         flat = self.flat_groups(batch)
@@ -68,7 +70,7 @@ class DynamicSampler:
                 inputs[i] = dict(dataset[zlib.crc32(key.encode()) % len(dataset)])
                 group_ids[i] = f"{group_ids[i]}|r{round_}"
             fresh = self.collector.collect([inputs[i] for i in positions], [group_ids[i] for i in positions],
-                                           trajectory_prefix=(self.rank, round_))
+                                           trajectory_prefix=(self.rank, round_), context=context)
             dropped = {batch.trajectories[i].trajectory_id for i in positions}
             batch.rows = [r for r in batch.rows if r.trajectory_id not in dropped] + fresh.rows
             for n, i in enumerate(positions):

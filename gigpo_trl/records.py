@@ -33,6 +33,8 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .observers import RolloutContext, RolloutObserver
+
 RECORDS_DIR = "records"
 SETTINGS_NAME = "settings.json"
 TRAIN_PATTERN = "iteration_{iteration:06d}.rank{rank}.jsonl.gz"
@@ -190,55 +192,64 @@ def _rank_of(path: Path) -> int:
     return int(match.group(1)) if match else 0
 
 
-class RolloutRecorder:
-    """Writes a trainer's rollout records (see the module docstring). Does nothing unless
-    ``trainer.args.rollout_records``; read at each call, so the option can be switched on an existing trainer."""
+class RolloutRecorder(RolloutObserver):
+    """The rollout observer that writes a run's rollout records (see the module docstring).
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    Args:
+        args: the run's :class:`~gigpo_trl.GiGPOConfig`: ``rollout_records`` (read at each event, so the option can
+            be switched on an existing trainer), ``rollout_records_every``, ``output_dir``, ``gamma`` and the
+            estimator settings written to ``settings.json``.
+        num_processes: the run's process count (written to ``settings.json``).
+
+    Records come from :meth:`on_advantages` (training rollouts, ``context.iteration``) and :meth:`on_evaluation`;
+    the process of ``context.rank`` 0 writes ``settings.json``.
+    """
+
+    def __init__(self, args, num_processes: int = 1):
+        self.args = args
+        self.num_processes = num_processes
         self._cleaned = False
         self._settings_written = False
 
     @property
     def enabled(self) -> bool:
-        return bool(getattr(self.trainer.args, "rollout_records", False))
+        return bool(getattr(self.args, "rollout_records", False))
 
     def _folder(self) -> Path:
-        return records_dir(self.trainer.args.output_dir)
+        return records_dir(self.args.output_dir)
 
-    def _write_settings(self) -> None:
-        if self._settings_written or not self.trainer.accelerator.is_main_process:
+    def _write_settings(self, rank: int) -> None:
+        if self._settings_written or rank != 0:
             return
-        args = self.trainer.args
+        args = self.args
         settings = {k: getattr(args, k, None) for k in SETTINGS_FIELDS}
-        settings["num_processes"] = self.trainer.accelerator.num_processes
+        settings["num_processes"] = self.num_processes
         settings["steps_per_generation"] = args.steps_per_generation
         path = self._folder() / SETTINGS_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=1))
         self._settings_written = True
 
-    def iteration(self) -> int:
-        """The 1-based index of the rollout being generated: TRL's micro-step counter (restored on resume) over
-        the micro-steps of one generation."""
-        from . import trl_compat
+    def on_advantages(self, batch, result, context: RolloutContext) -> None:
+        if context.mode == "train":
+            self.record_iteration(batch, result, context)
 
-        step, _ = trl_compat.rollout_position(self.trainer)
-        return step // (self.trainer.args.steps_per_generation * self.trainer.num_iterations) + 1
+    def on_evaluation(self, batch, context: RolloutContext) -> None:
+        self.record_evaluation(batch, context)
 
-    def record_iteration(self, batch, result, start: int, mode: str = "train") -> Path | None:
+    def record_iteration(self, batch, result, context: RolloutContext) -> Path | None:
         """Write this process's rows of a training rollout (``batch``: the collector's
         :class:`~gigpo_trl.rollout.RolloutBatch`; ``result``: the advantages over all processes' rows, or None when
-        no process has rows; ``start``: the index of this process's first row in it), if records are on and the
-        iteration is a recorded one. Returns the file written, or None."""
-        if not self.enabled or mode != "train":
+        no process has rows; this process's rows from ``context.row_start`` on), if records are on and
+        ``context.iteration`` is a recorded one. Returns the file written, or None."""
+        if not self.enabled:
             return None
-        args = self.trainer.args
-        iteration = self.iteration()
+        args = self.args
+        iteration = context.iteration
         every = max(1, int(getattr(args, "rollout_records_every", 1) or 1))
-        if (iteration - 1) % every:
+        if iteration is None or (iteration - 1) % every:
             return None
-        rank = self.trainer.accelerator.process_index
+        rank = context.rank
         folder = self._folder() / "train"
         if not self._cleaned:  # an interrupted run's iterations past the resumed position are superseded
             self._cleaned = True
@@ -246,22 +257,21 @@ class RolloutRecorder:
                 match = _TRAIN_FILE.search(os.path.basename(path))
                 if match and int(match.group(1)) > iteration:
                     os.remove(path)
-        self._write_settings()
-        records = row_records(batch.rows, batch.trajectories, args.gamma, result, start, split="train",
-                              iteration=iteration, global_step=self.trainer.state.global_step, rank=rank)
+        self._write_settings(rank)
+        records = row_records(batch.rows, batch.trajectories, args.gamma, result, context.row_start, split="train",
+                              iteration=iteration, global_step=context.global_step, rank=rank)
         return write_records(folder / TRAIN_PATTERN.format(iteration=iteration, rank=rank), records)
 
-    def record_evaluation(self, name: str, rows: Sequence, trajectories: Sequence) -> Path | None:
-        """Write this process's rows of one :meth:`~gigpo_trl.GiGPOTrainer.evaluate` call (``name``: its
+    def record_evaluation(self, batch, context: RolloutContext) -> Path | None:
+        """Write this process's rows of one :meth:`~gigpo_trl.GiGPOTrainer.evaluate` call (``context.name``: its
         ``metric_key_prefix``) if records are on. Returns the file written, or None."""
         if not self.enabled:
             return None
-        self._write_settings()
-        rank = self.trainer.accelerator.process_index
-        step = self.trainer.state.global_step
-        records = row_records(rows, trajectories, self.trainer.args.gamma, None, split="eval", iteration=None,
+        self._write_settings(context.rank)
+        rank, step = context.rank, context.global_step
+        records = row_records(batch.rows, batch.trajectories, self.args.gamma, None, split="eval", iteration=None,
                               global_step=step, rank=rank)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", context.name or "eval")
         return write_records(self._folder() / "eval" / EVAL_PATTERN.format(name=safe, step=step, rank=rank), records)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from .envs.base import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
+from .observers import RolloutContext, RolloutObserver, notify
 from .parsing import parse_for_env
 from .prompts import build_messages
 
@@ -91,6 +92,13 @@ class RolloutBatch:
     num_generate_calls: int = 0
     max_prompt_tokens: int = 0
 
+    def extend(self, other: RolloutBatch) -> None:
+        """Append ``other``'s rows and trajectories (its generate calls counted, its longest prompt kept)."""
+        self.rows += other.rows
+        self.trajectories += other.trajectories
+        self.num_generate_calls += other.num_generate_calls
+        self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
+
 
 class RolloutCollector:
     """Collects multi-turn rollouts for a batch of tasks.
@@ -114,6 +122,8 @@ class RolloutCollector:
         progress: show a per-turn tqdm bar.
         require_think: mark completions without ``<think>`` invalid.
         templates: ``{name: env instance}`` already built by the caller, used as that env's probe instance.
+        observers: :class:`~gigpo_trl.observers.RolloutObserver` s told of each batch :meth:`collect` returns
+            (``on_rollout``); the list is :attr:`observers`, shared with the trainer's.
     """
 
     def __init__(
@@ -133,6 +143,7 @@ class RolloutCollector:
         progress: bool = False,
         require_think: bool = True,
         templates: Mapping[str, Any] | None = None,
+        observers: list[RolloutObserver] | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -151,6 +162,7 @@ class RolloutCollector:
         self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
+        self.observers = observers if observers is not None else []
         self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout, "backend": env_backend,
                              "ray_address": ray_address}
         self.pools = {name: EnvPool(factory, **self._pool_kwargs) for name, factory in self.env_factories.items()}
@@ -277,7 +289,8 @@ class RolloutCollector:
 
     # ------------------------------------------------------------------ main loop
     def collect(
-        self, tasks: Sequence[Mapping], group_ids: Sequence[Hashable], trajectory_prefix: Hashable = 0
+        self, tasks: Sequence[Mapping], group_ids: Sequence[Hashable], trajectory_prefix: Hashable = 0,
+        context: RolloutContext | None = None,
     ) -> RolloutBatch:
         """Run one episode per task row (rows of one group are copies of the same task and seed).
 
@@ -285,6 +298,8 @@ class RolloutCollector:
             tasks: task rows with ``task`` and optionally ``seed``, ``task_type``, ``env``.
             group_ids: the task group of each row (same length as ``tasks``).
             trajectory_prefix: makes trajectory ids unique across ranks: id = ``(prefix, index)``.
+            context: what the rollout is for, passed to the observers' ``on_rollout`` (default: a training rollout
+                on rank 0).
 
         Returns:
             RolloutBatch with the rows in (turn, environment) order.
@@ -320,7 +335,9 @@ class RolloutCollector:
                 bar.update(1)
         if bar is not None:
             bar.close()
-        return self._close_trajectories(batch)
+        batch = self._close_trajectories(batch)
+        notify(self.observers, "on_rollout", batch, context if context is not None else RolloutContext())
+        return batch
 
     def _start_episodes(self, tasks, group_ids, trajectory_prefix, batch: RolloutBatch) -> list[dict]:
         """One state dict and :class:`TrajectoryRecord` per task row, and every environment reset (one batched call

@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,9 +52,10 @@ from .generation import eval_sampling, generation_params_gathered, lora_merged_f
 from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
+from .observers import RolloutContext, RolloutObserver, notify
 from .positions import install_mask_positions
 from .records import RolloutRecorder
-from .rollout import RolloutCollector, StepRow, advantage_keys
+from .rollout import RolloutBatch, RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
                         sampling_logps, sampling_metrics, server_weight_sync_guard, shutdown_engine_before_end_training,
@@ -171,8 +173,10 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
                 install_mask_positions(m)
         self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))  # one engine step per optimizer step
         check_chat_template(trl_compat.tokenizer(self))
+        self.rollout_observers: list[RolloutObserver] = []  # the collector's list too: one registry
         self.collector = self._make_collector(args)
-        self.rollout_recorder = RolloutRecorder(self)  # writes only with args.rollout_records
+        self.rollout_recorder = RolloutRecorder(args, self.accelerator.num_processes)  # writes with rollout_records
+        self.add_rollout_observer(self.rollout_recorder)
         check_first_prompt(self.collector, self.env_factories, train_dataset)
         self.dynamic_sampler = DynamicSampler(
             self.collector, self.train_dataset, self._advantages, args.max_dynamic_sampling_rounds,
@@ -201,7 +205,14 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built in __init__; not twice at start-up
+            observers=self.rollout_observers,
         )
+
+    def add_rollout_observer(self, observer: RolloutObserver) -> None:
+        """Register a :class:`~gigpo_trl.observers.RolloutObserver`: it sees every rollout of the trainer's collector,
+        every advantage computation and every evaluation (see :mod:`gigpo_trl.observers`); registered ones are in
+        :attr:`rollout_observers`."""
+        self.rollout_observers.append(observer)
 
     def train(self, *args, **kwargs):
         """``Trainer.train``; the env pools (worker processes) are closed at the end, also when training raises.
@@ -227,6 +238,13 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         return eval_sampling(self.model, self.args.eval_temperature, getattr(self, "generation_config", None),
                              getattr(self, "generation_kwargs", None), self.vllm_generation if self.use_vllm else None)
 
+    def _rollout_context(self, mode: str, name: str | None = None) -> RolloutContext:
+        """The observers' context of a rollout starting now; a training rollout's ``iteration`` counts TRL's
+        micro-steps (restored on resume) in generations."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        iteration = trl_compat.rollout_position(self)[0] // generate_every + 1 if mode == "train" else None
+        return RolloutContext(mode, self.accelerator.process_index, self.state.global_step, iteration, name)
+
     def _sync_max(self, local: int) -> int:
         value = torch.tensor([local], device=self.accelerator.device)
         return int(self.accelerator.gather(value).max().item())
@@ -249,12 +267,13 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         rank = self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
+        context = self._rollout_context(mode)
         with (generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
               lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
-            batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank)
+            batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank, context=context)
             if self.dynamic_sampler is not None and mode == "train":
                 batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
-                                                      trl_compat.metrics(self, "train"))
+                                                      trl_compat.metrics(self, "train"), context)
         rows = batch.rows
         t_rollout = time.perf_counter() - t0
 
@@ -272,7 +291,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         t_adv = time.perf_counter() - t1
 
         output = self._rows_to_batch(rows, advantages, counts, mode)
-        self.rollout_recorder.record_iteration(batch, result, start, mode)
+        notify(self.rollout_observers, "on_advantages", batch, result, replace(context, row_start=start))
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
 
@@ -481,18 +500,18 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         size = max(1, self.args.per_device_eval_batch_size)
         n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
         t0 = time.perf_counter()
-        local_trajectories, local_rows = [], []
+        context = self._rollout_context("eval", metric_key_prefix)
+        episodes = RolloutBatch()  # this process's episodes of the whole evaluation
         with (self._eval_sampling(),
               generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
               lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
             for c in range(n_chunks):
                 chunk = local[c * size : (c + 1) * size]
                 batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
-                                               trajectory_prefix=("eval", rank, c))
-                local_trajectories += batch.trajectories
-                local_rows += batch.rows
-        self.rollout_recorder.record_evaluation(metric_key_prefix, local_rows, local_trajectories)
-        trajectories = gather_object(local_trajectories) if world > 1 else local_trajectories
+                                               trajectory_prefix=("eval", rank, c), context=context)
+                episodes.extend(batch)
+        notify(self.rollout_observers, "on_evaluation", episodes, context)
+        trajectories = gather_object(episodes.trajectories) if world > 1 else episodes.trajectories
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in episode_metrics(trajectories).items()}
         metrics[f"{metric_key_prefix}_num_tasks"] = float(len(trajectories))
         metrics[f"{metric_key_prefix}_runtime"] = time.perf_counter() - t0

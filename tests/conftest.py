@@ -48,16 +48,19 @@ def tiny_train_config(folder, **overrides):
                                       "logging_steps": 1, **overrides})
 
 
-def capture_rollouts(trainer) -> list:
-    """The trainer's collector keeps appending each :class:`RolloutBatch` it returns to the list returned here."""
+def capture_rollouts(trainer, modes=("train", "eval")) -> list:
+    """Every :class:`RolloutBatch` the trainer's collector returns from now on in one of ``modes``, appended in
+    order to the list returned here (a :class:`~gigpo_trl.observers.RolloutObserver`'s ``on_rollout``)."""
+    from gigpo_trl.observers import RolloutObserver
+
     batches = []
-    collect = trainer.collector.collect
 
-    def wrapped(*args, **kwargs):
-        batches.append(collect(*args, **kwargs))
-        return batches[-1]
+    class Capture(RolloutObserver):
+        def on_rollout(self, batch, context):
+            if context.mode in modes:
+                batches.append(batch)
 
-    trainer.collector.collect = wrapped
+    trainer.add_rollout_observer(Capture())
     return batches
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-from conftest import tiny_run_config
+from conftest import capture_rollouts, tiny_run_config
 from toy_env import LineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
@@ -191,9 +191,7 @@ def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer.collector.max_prompt_length = first + 30  # turn 0 fits, turn 1 (+40 characters) does not
     right = tiny_tokenizer.encode("<think>x</think><action>left</action>")
     trainer.collector.generate_fn = lambda prompt_ids: ([right] * len(prompt_ids), None)
-    batches = []
-    collect = trainer.collector.collect
-    trainer.collector.collect = lambda *a, **k: batches.append(collect(*a, **k)) or batches[-1]
+    batches = capture_rollouts(trainer)
     trainer.model.train()  # as inside train(): metrics go to "train"
     trainer._generate_and_score_completions([{"task": 6, "seed": 0}] * 4 + [{"task": 6, "seed": 1}] * 4)
     errors = [t.error for t in batches[0].trajectories]

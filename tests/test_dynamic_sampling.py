@@ -7,6 +7,7 @@ from conftest import tiny_train_config as make_args
 from toy_env import LineWalkEnv
 
 from gigpo_trl import GiGPOTrainer
+from gigpo_trl.observers import RolloutObserver
 
 
 def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_tokenizer):
@@ -58,14 +59,13 @@ def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_pa
         return [left if len(calls) == 1 and pos in (1, 3) else right for pos in range(len(ids))], None
 
     trainer.collector.generate_fn = policy
-    collect, batches = trainer.collector.collect, []  # (trajectories, (return, turns) as collected)
+    batches = []  # (trajectories, (return, turns) as collected)
 
-    def recording(*a, **k):
-        batch = collect(*a, **k)
-        batches.append((batch.trajectories, [(t.episode_return, t.num_turns) for t in batch.trajectories]))
-        return batch
+    class Recording(RolloutObserver):
+        def on_rollout(self, batch, context):
+            batches.append((batch.trajectories, [(t.episode_return, t.num_turns) for t in batch.trajectories]))
 
-    trainer.collector.collect = recording
+    trainer.add_rollout_observer(Recording())
     trainer.model.train()
     inputs = [{"task": 3, "seed": 0}] * 4 + [{"task": 60, "seed": 0}] * 4
     with caplog.at_level("WARNING", logger="gigpo_trl.trainer"):

@@ -13,6 +13,7 @@ import sys
 import warnings
 
 import pytest
+from conftest import capture_rollouts
 
 from gigpo_trl.envs import OpenEnvEnv, TRLToolEnv, as_env_factory, check_env, env_kind
 from gigpo_trl.envs.base import TextEnv, anchor_warnings
@@ -416,9 +417,7 @@ def test_trl_env_advantages_hand_checked(tmp_path, tiny_model_dir, tiny_tokenize
                            processing_class=tiny_tokenizer)
     assert isinstance(trainer.collector._templates["default"], TRLToolEnv)
     trainer.collector.generate_fn = scripted_hanoi(tiny_tokenizer, [])
-    batches = []
-    collect = trainer.collector.collect
-    trainer.collector.collect = lambda *a, **k: batches.append(collect(*a, **k)) or batches[-1]
+    batches = capture_rollouts(trainer)
     trainer.model.train()
     inputs = [dict(row) for row in hanoi_dataset(4).select([0] * 4 + [1] * 4)]
     with warnings.catch_warnings():

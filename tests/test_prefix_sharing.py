@@ -319,7 +319,7 @@ def test_rollout_rows_budgeted_shared_equals_unsplit_unshared(trainer, tiny_toke
         _with_sharing(trainer, False, None)
         trainer._generate_and_score_completions([{"task": 4, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)
     finally:
-        del trainer.collector.collect
+        trainer.rollout_observers.pop()  # the capture: the trainer is shared by the module's tests
     rows = batches[0].rows
     g = torch.Generator().manual_seed(0)
     batch = trainer._rows_to_batch(rows, torch.randn(len(rows), generator=g).numpy(), [len(rows)], "train")

@@ -316,3 +316,32 @@ def test_records_file_is_gzip_json_lines(tmp_path):
     with gzip.open(path, "rt") as f:
         assert [json.loads(line) for line in f] == [{"a": 1}, {"a": "<b>"}]
     assert not list((tmp_path / "a").glob(".*tmp"))  # written under a temporary name, then renamed
+
+
+def test_recorder_is_an_observer_that_needs_only_the_config(tmp_path):
+    from gigpo_trl.observers import RolloutContext
+    from gigpo_trl.records import RolloutRecorder
+    from gigpo_trl.rollout import RolloutBatch
+
+    args = GiGPOConfig(output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none",
+                       rollout_records=True, rollout_records_every=2, gamma=0.5)
+    recorder = RolloutRecorder(args, num_processes=2)
+    traj = TrajectoryRecord((1, 0), "g", 7, None, num_turns=2, episode_return=3.0, won=True)
+    rows = [StepRow([1], [2], None, "g", (1, 0), t, f"s{t}", float(t + 1), t == 1, True) for t in (0, 1)]
+    batch = RolloutBatch(rows=rows, trajectories=[traj])
+    train = RolloutContext("train", rank=1, global_step=5, iteration=2)
+    recorder.on_advantages(batch, None, train)  # iteration 2 is not recorded with rollout_records_every=2
+    recorder.on_advantages(batch, None, RolloutContext("eval", rank=1, global_step=5))  # an eval-mode rollout
+    assert not (tmp_path / "records").exists()
+    recorder.on_advantages(batch, None, RolloutContext("train", rank=1, global_step=5, iteration=3))
+    assert [p.name for p in (tmp_path / "records").rglob("*") if p.is_file()] == ["iteration_000003.rank1.jsonl.gz"]
+    recs = load_records(tmp_path, "train", iteration=3)
+    # return to go at gamma 0.5: turn 0: 1 + 0.5 * 2 = 2, turn 1: 2
+    assert [(r["rank"], r["global_step"], r["turn"], r["return_to_go"], r["A"]) for r in recs] == [
+        (1, 5, 0, 2.0, None), (1, 5, 1, 2.0, None)]
+    recorder.on_evaluation(batch, RolloutContext("eval", rank=0, global_step=5, name="eval_before"))
+    assert [p.name for p in (tmp_path / "records" / "eval").iterdir()] == ["eval_before.step000005.rank0.jsonl.gz"]
+    settings = json.loads((tmp_path / "records" / "settings.json").read_text())  # written by rank 0 only
+    assert (settings["gamma"], settings["num_processes"], settings["rollout_records_every"]) == (0.5, 2, 2)
+    args.rollout_records = False  # read at each event
+    assert recorder.record_iteration(batch, None, RolloutContext("train", iteration=5)) is None

@@ -48,6 +48,58 @@ def test_advantages_equal_estimator_on_same_rows(tmp_path, tiny_model_dir, tiny_
     assert "ref_per_token_logps" not in out
 
 
+class _EventLog:
+    """A rollout observer that keeps every event: (event, mode, iteration, name, row_start, batch[, result])."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_rollout(self, batch, context):
+        self.events.append(("rollout", context.mode, context.iteration, context.name, context.row_start, batch))
+
+    def on_advantages(self, batch, result, context):
+        self.events.append(("advantages", context.mode, context.iteration, context.name, context.row_start, batch,
+                            result))
+
+    def on_evaluation(self, batch, context):
+        self.events.append(("evaluation", context.mode, context.iteration, context.name, context.row_start, batch))
+
+
+def test_rollout_observer_sees_each_rollout_its_advantages_and_each_evaluation(tmp_path, tiny_model_dir,
+                                                                               tiny_tokenizer):
+    args = make_args(tmp_path, max_turns=3, eval_max_tasks=4, per_device_eval_batch_size=2)
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
+    assert trainer.rollout_observers == [trainer.rollout_recorder]  # the records are an observer too
+    words = ["left", "right", "right", "left"]
+
+    def policy(prompt_ids):  # fixed: completion i walks words[i % 4]
+        return [tiny_tokenizer.encode(f"<think>go</think><action>{words[i % 4]}</action>")
+                for i in range(len(prompt_ids))], None
+
+    trainer.collector.generate_fn = policy
+    log = _EventLog()
+    trainer.add_rollout_observer(log)
+    trainer.model.train()
+    trainer._step = 4  # TRL's micro-step counter: 4 // (steps_per_generation 2 x num_iterations 1) + 1 = 3
+    out = trainer._generate_and_score_completions([{"task": 4, "seed": 1}] * 4)
+    trainer.evaluate(metric_key_prefix="eval_before")
+    kinds = [e[:5] for e in log.events]
+    assert kinds == [("rollout", "train", 3, None, 0), ("advantages", "train", 3, None, 0),
+                     ("rollout", "eval", None, "eval_before", 0), ("rollout", "eval", None, "eval_before", 0),
+                     ("evaluation", "eval", None, "eval_before", 0)]
+    train_batch, (_, _, _, _, _, adv_batch, result) = log.events[0][5], log.events[1]
+    assert adv_batch is train_batch and len(train_batch.trajectories) == 4
+    n = len(train_batch.rows)
+    assert n == sum(t.num_turns for t in train_batch.trajectories) and len(result.advantages) == n
+    torch.testing.assert_close(out["advantages"][:n], torch.tensor(result.advantages, dtype=torch.float32))
+    # the evaluation's batch is its two chunks of 2 episodes, in order (eval split: tasks 3, 4, 5, 6)
+    chunks, whole = [log.events[2][5], log.events[3][5]], log.events[4][5]
+    assert [t.task for t in whole.trajectories] == [3, 4, 5, 6]
+    assert whole.trajectories == chunks[0].trajectories + chunks[1].trajectories
+    assert whole.rows == chunks[0].rows + chunks[1].rows
+    assert whole.num_generate_calls == chunks[0].num_generate_calls + chunks[1].num_generate_calls
+
+
 def _weights(model):
     return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
 
