@@ -17,6 +17,7 @@ error and contributes no training rows, so its group's statistics are computed o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -176,6 +177,15 @@ class RolloutCollector:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
+
+    @contextlib.contextmanager
+    def pools_closed_on_error(self):
+        """Close the env pools when the block raises (a worker may be mid-call); the next collect starts fresh ones."""
+        try:
+            yield
+        except BaseException:
+            self.close_pools()
+            raise
 
     def _pool(self, key: str) -> EnvPool:
         if key not in self.pools:

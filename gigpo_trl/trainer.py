@@ -481,7 +481,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
 
         Returns ``{f"{metric_key_prefix}_success_rate": …, f"{metric_key_prefix}_success_rate/<task_type>": …,
         return_mean, length_mean, invalid_action_rate, failed_rate}``, also logged through TRL/Trainer logging.
-        Tasks are split across processes; every process returns the same dict.
+        Tasks are split across processes; every process returns the same dict. When a rollout raises, the env pools
+        are closed before the error propagates (as in ``train``); the next call starts fresh ones.
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
@@ -502,7 +503,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         t0 = time.perf_counter()
         context = self._rollout_context("eval", metric_key_prefix)
         episodes = RolloutBatch()  # this process's episodes of the whole evaluation
-        with (self._eval_sampling(),
+        with (self.collector.pools_closed_on_error(), self._eval_sampling(),
               generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
               lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
             for c in range(n_chunks):

@@ -210,3 +210,33 @@ def test_env_faults_in_workers_hang_and_death(tmp_path, tiny_model_dir, tiny_tok
     assert rates == [0.5, 0.5]
     assert all(np.isfinite(log["loss"]) for log in trainer.state.log_history if "loss" in log)
     trainer.collector.close()
+
+
+def test_evaluate_closes_its_pools_when_a_rollout_raises(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A generate call that raises in the middle of evaluate() (turn 1, both workers holding episodes) closes the env
+    pools, as train() does; the next evaluate() starts fresh workers and its episodes are whole (3 turns each)."""
+    eval_tasks = datasets.Dataset.from_dict({"task": [3, 3, 3, 3], "seed": [0, 1, 2, 3]})
+    args = make_args(tmp_path, num_env_workers=2, env_step_timeout=10.0, per_device_eval_batch_size=4)
+    trainer = GiGPOTrainer(tiny_model_dir, env=FixedLengthEnv, args=args, eval_dataset=eval_tasks,
+                           processing_class=tiny_tokenizer)
+    script = ScriptByCall(tiny_tokenizer, {})
+
+    def failing_generate(prompt_ids):
+        if script.calls == 1:
+            script.calls += 1
+            raise RuntimeError("simulated CUDA error in generate")
+        return script(prompt_ids)
+
+    trainer.collector.generate_fn = failing_generate
+    pool = trainer.collector.pools["default"]
+    processes = [w.process for w in pool._workers]
+    with pytest.raises(RuntimeError, match="simulated CUDA error"):
+        trainer.evaluate()
+    assert pool._closed and trainer.collector.pools == {}
+    assert len(processes) == 2 and not any(p.is_alive() for p in processes)  # the workers are stopped
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {})
+    metrics = trainer.evaluate()
+    assert metrics["eval_length_mean"] == 3.0 and metrics["eval_num_tasks"] == 4.0
+    assert metrics["eval_failed_rate"] == 0.0 and metrics["eval_success_rate"] == 1.0
+    assert trainer.collector.pools["default"] is not pool and len(trainer.collector.pools["default"].worker_pids()) == 2
+    trainer.collector.close()

@@ -13,6 +13,7 @@ import pytest
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv
 from gigpo_trl.envs import pool as pool_module
 from gigpo_trl.envs.pool import EnvPool
+from toy_env import FixedLengthEnv, SiteError, SiteFaultEnv
 
 RAISE_TASK, HANG_TASK, NAN_TASK = 666, 777, 888
 
@@ -186,6 +187,63 @@ def test_nan_anchors_group_the_same_in_process_and_in_workers(request, num_worke
     assert res.anchor_group_sizes.tolist() == [4, 4, 4, 4, 2, 2, 2, 2]
     ids = res.anchor_group_ids.tolist()
     assert ids[4] == ids[5] != ids[6] == ids[7]
+
+
+SITE_ERROR = (
+    "slot 0, task 3: SiteFaultEnv returned a value the worker cannot send to the trainer (info['error']: TypeError: "
+    "SiteError.__init__() missing 1 required positional argument: 'detail'); observation, info values and anchor must "
+    "survive pickle.dumps and pickle.loads (store str(exc), not an exception whose __init__ takes other arguments "
+    "than its message)"
+)
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("ray", marks=RAY)])
+def test_reply_the_trainer_cannot_receive_fails_its_slot_only(request, backend):
+    """An info holding an exception whose class needs two constructor arguments pickles in the worker but cannot be
+    unpickled: that slot fails with an error naming the env class, slot, task, the value and the pickling error; the
+    other slots (same worker and the other one) get their own answers, now and at the next step."""
+    backend = _backend(request, backend)
+    with EnvPool(SiteFaultEnv, num_workers=0) as local:  # in process nothing is pickled: the same env is fine
+        local.reset([3, 3], [0, 0])
+        assert isinstance(local.step({0: "site", 1: "wait"})[0].info["error"], SiteError)
+    with EnvPool(SiteFaultEnv, num_workers=2, step_timeout=10, backend=backend) as pool:
+        pids = pool.worker_pids()
+        assert [r.observation for r in pool.reset([3, 3, 3, 3], [0, 0, 0, 0])] == ["3 turns left"] * 4
+        results = pool.step({0: "site", 1: "wait", 2: "wait", 3: "wait"})
+        assert results[0].error == SITE_ERROR and results[0].done
+        assert [(results[s].observation, results[s].error) for s in (1, 2, 3)] == [("2 turns left", None)] * 3
+        again = pool.step({1: "wait", 2: "wait", 3: "wait"})
+        assert [(r.observation, r.reward, r.done) for r in again.values()] == [("1 turns left", 0.0, False)] * 3
+        assert "no active episode" in pool.step({0: "wait"})[0].error  # its episode ended with the error
+        assert pool.worker_pids() == pids  # nothing was restarted
+
+
+def test_reply_to_an_abandoned_call_is_never_taken_for_a_later_one(monkeypatch):
+    """A call interrupted while its workers are answering (Ctrl-C, here a patched wait) leaves replies in the pipes;
+    each request carries an id, so the next call gets its own answers, and the interrupted slots report their episode
+    lost until reset."""
+    with EnvPool(FixedLengthEnv, num_workers=2, step_timeout=10) as pool:
+        pool.reset([3, 3, 3], [0, 0, 0])
+        real_wait = pool_module._wait_connections
+
+        def interrupted(connections, timeout=None):
+            real_wait(connections, timeout=10)  # the replies are there
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(pool_module, "_wait_connections", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pool.step({0: "wait", 1: "wait"})
+        monkeypatch.setattr(pool_module, "_wait_connections", real_wait)
+        lost = pool.step({0: "wait", 1: "wait", 2: "wait"})
+        assert lost[0].error == ("slot 0, task 3: an earlier call on this slot raised before its results came back; "
+                                 "the episode was lost (reset the slot to start a new one)")
+        assert lost[1].done and "earlier call" in lost[1].error
+        assert (lost[2].observation, lost[2].error) == ("2 turns left", None)  # not slot 0's stale "2 turns left"
+        assert [r.observation for r in pool.reset([4, 5, 3], [0, 0, 0])] == ["4 turns left", "5 turns left",
+                                                                             "3 turns left"]
+        step = pool.step({0: "wait", 1: "wait", 2: "wait"})
+        assert [r.observation for r in step.values()] == ["3 turns left", "4 turns left", "2 turns left"]
+        assert pool.num_envs_created() == 3
 
 
 def test_unpicklable_factory_rejected():

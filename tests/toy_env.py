@@ -117,3 +117,23 @@ class FaultyEnv(FixedLengthEnv):
             os._exit(3)
         obs, reward, done, info = super().step(action)
         return obs, math.nan if action == "nan" else reward, done, info
+
+
+class SiteError(Exception):
+    """An exception whose class needs two constructor arguments: it pickles (as ``SiteError(message)``) but does not
+    unpickle, as many libraries' own exceptions."""
+
+    def __init__(self, site, detail):
+        super().__init__(f"{site}: {detail}")
+        self.site, self.detail = site, detail
+
+
+class SiteFaultEnv(FixedLengthEnv):
+    """FixedLengthEnv whose step on the action ``"site"`` returns ``info["error"] = SiteError(...)``: fine in process,
+    a value the trainer cannot receive from an env worker."""
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        if action == "site":
+            info = {**info, "error": SiteError("shop", "closed")}
+        return obs, reward, done, info

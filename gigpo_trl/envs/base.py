@@ -110,6 +110,12 @@ class TextEnv:
     def close(self) -> None:
         """Release resources (subprocesses, files)."""
 
+    @property
+    def unwrapped(self) -> Any:
+        """The environment its author wrote (Gymnasium's convention): ``self``; the TRL / OpenEnv adapters return the
+        environment they wrap. Errors about an environment name this object's class."""
+        return self
+
 
 class ParsedAction(tuple):
     """The action an environment receives for one completion: a ``(action, valid)`` pair with named extras.

@@ -187,6 +187,11 @@ class OpenEnvEnv(TextEnv):
             self._env = env
         return self._env
 
+    @property
+    def unwrapped(self) -> Any:
+        """The wrapped OpenEnv ``Environment`` (Gymnasium's name for it; errors name its class)."""
+        return self.env
+
     def reset(self, task: Any, seed: int | None = None) -> tuple[str, dict]:
         """``env.reset(seed=seed, **task)`` (``task`` a mapping of reset options) or ``env.reset(seed=seed)``.
         Returns ``(observation text, {"instruction": ...})``."""

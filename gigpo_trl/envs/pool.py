@@ -29,6 +29,13 @@ Backends:
   slot of a timed-out or dead actor fails with it (no per-slot progress counter). Actor start-up is waited for
   separately (like a worker process's), so it never counts as env time.
 
+Every request to a worker carries an id that its reply repeats: a reply to a call that raised before its answers
+came back (Ctrl-C, say) is dropped, never taken as the answer to a later call, and the slots of such a call report
+their episode as lost until reset. A worker pickles each slot's result on its own and reads it back before sending:
+a result the trainer could not receive (an ``info`` holding an exception whose class needs other constructor
+arguments than its message pickles, but does not unpickle) fails that slot only, with an error naming the env class
+(``env.unwrapped``'s, Gymnasium's convention), the slot, the task, the offending value and the pickling error.
+
 Environments are created lazily by ``env_factory`` (one instance per slot, where the slot lives) and reused
 across ``reset`` calls. With workers, the factory must be picklable (a class, a module-level function or a
 ``functools.partial`` of one), and a script that starts a pool with workers needs the usual
@@ -41,6 +48,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import itertools
 import pickle
 import signal
 import time
@@ -55,6 +63,7 @@ logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT = 300.0  # seconds a new worker may take to import modules and unpickle the factory
 _RESTARTED = "worker restarted"
+_ABANDONED = "an earlier call on this slot raised before its results came back"
 BACKENDS = ("process", "ray")  # where the workers run (num_workers >= 1); GiGPOConfig.env_backend takes these
 
 
@@ -190,46 +199,88 @@ def _anchor_of(env: Any, obs: Any, method: str) -> tuple[Hashable, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _picklable_results(results: list[tuple[int, EnvResult]]) -> list[tuple[int, EnvResult]]:
-    """Replace results that cannot be pickled (an exotic object in ``info``, say) by error results."""
-    clean = []
+def env_name(env: Any) -> str:
+    """The class name of the environment a user wrote: ``env.unwrapped``'s (Gymnasium's convention, which the TRL /
+    OpenEnv adapters and the warm-up's expert wrapper follow), else ``env``'s own."""
+    try:
+        return type(env.unwrapped).__name__
+    except Exception:  # noqa: BLE001 - no such attribute, or an adapter whose env cannot be built
+        return type(env).__name__
+
+
+def _encode_results(runner: _SlotRunner, results: list[tuple[int, EnvResult]]) -> list[tuple[int, str, bytes]]:
+    """``[(slot, env class name, pickled EnvResult)]``: each result pickled on its own and read back here, so a value
+    the trainer could not read (an exception in ``info`` whose class needs other constructor arguments pickles fine
+    and fails in ``pickle.loads``) fails its own slot with a message naming the env, not the whole reply."""
+    out = []
     for slot, result in results:
+        env = runner.envs.get(slot)
+        name = env_name(env) if env is not None else "env"
         try:
-            pickle.dumps(result)
+            payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.loads(payload)
+        except Exception as exc:  # noqa: BLE001 - anything pickle raises for any user value
+            where = f"slot {slot}, task {_task_label(runner.tasks.get(slot))}"
+            runner.active.discard(slot)
+            payload = pickle.dumps(_error_result(
+                f"{where}: {name} returned a value the worker cannot send to the trainer ({_unsendable_part(result)}: "
+                f"{type(exc).__name__}: {exc}); observation, info values and anchor must survive pickle.dumps and "
+                "pickle.loads (store str(exc), not an exception whose __init__ takes other arguments than its message)"
+            ))
+        out.append((slot, name, payload))
+    return out
+
+
+def _unsendable_part(result: EnvResult) -> str:
+    """Which part of ``result`` does not survive pickling: ``info['key']``, ``observation``, ``anchor`` or ``result``."""
+    parts = [(f"info[{key!r}]", value) for key, value in result.info.items()] if isinstance(result.info, dict) else []
+    for label, value in [("observation", result.observation), ("anchor", result.anchor), *parts]:
+        try:
+            pickle.loads(pickle.dumps(value))
+        except Exception:  # noqa: BLE001
+            return label
+    return "result"
+
+
+def _decode_results(replies: list[tuple[int, str, bytes]], slot_tasks: Sequence[Any]) -> dict[int, EnvResult]:
+    """The worker's encoded results (see :func:`_encode_results`); one the trainer cannot unpickle (a class missing
+    here, say) fails its own slot."""
+    results = {}
+    for slot, name, payload in replies:
+        try:
+            results[slot] = pickle.loads(payload)
         except Exception as exc:  # noqa: BLE001
-            result = _error_result(
-                f"slot {slot}: the env returned a value that cannot be sent from the worker "
-                f"({type(exc).__name__}: {exc}); observation and info must be picklable"
+            task = slot_tasks[slot] if slot < len(slot_tasks) else None
+            results[slot] = _error_result(
+                f"slot {slot}, task {_task_label(task)}: the trainer cannot read what {name} returned in the worker "
+                f"({type(exc).__name__}: {exc}); observation, info values and anchor must unpickle in the trainer "
+                "(classes importable there)"
             )
-        clean.append((slot, result))
-    return clean
+    return results
 
 
 def _worker_main(conn, env_factory, progress) -> None:
-    """Worker process loop: ``(kind, items)`` in, ``[(slot, EnvResult), ...]`` out, until "close" or EOF."""
+    """Worker process loop: ``(request id, kind, items)`` in, ``(request id, encoded results)`` out (see
+    :func:`_encode_results`), until "close" or EOF. The id lets the parent drop a reply to an older request."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it closes the pool
     runner = _SlotRunner(env_factory, progress)
     conn.send(("ready", os.getpid()))
     while True:
         try:
-            kind, items = conn.recv()
+            request_id, kind, items = conn.recv()
         except (EOFError, OSError):
             break
         if kind == "close":
             runner.close()
             try:
-                conn.send(("closed", None))
+                conn.send((request_id, None))
             except OSError:
                 pass
             break
         if kind == "count":
-            conn.send(runner.num_created)
+            conn.send((request_id, runner.num_created))
             continue
-        results = runner.run(kind, items)
-        try:
-            conn.send(results)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            conn.send(_picklable_results(results))
+        conn.send((request_id, _encode_results(runner, runner.run(kind, items))))
 
 
 def _mp_context():
@@ -282,7 +333,7 @@ class _Worker:
     def close(self, timeout: float = 5.0) -> None:
         try:
             if self.process.is_alive():
-                self.conn.send(("close", None))
+                self.conn.send((-1, "close", None))
                 if self.conn.poll(timeout):
                     self.conn.recv()
                 self.process.join(timeout=timeout)
@@ -348,9 +399,10 @@ class EnvPool:
         self.backend = backend
         self._closed = False
         self._slot_tasks: list[Any] = []
-        self._slot_lost: list[bool] = []  # episode state lost in a worker restart
+        self._slot_lost: list[str | None] = []  # why the slot's episode state is lost (worker restart, abandoned call)
         self._runner: _SlotRunner | None = None
         self._workers: list[Any] = []
+        self._request_ids = itertools.count(1)  # every request to a worker has its own id; its reply carries it
         if backend == "ray":
             try:
                 import ray  # noqa: F401
@@ -391,10 +443,10 @@ class EnvPool:
             raise ValueError(f"reset got {len(tasks)} tasks but {len(seeds)} seeds")
         while len(self._slot_tasks) < len(tasks):
             self._slot_tasks.append(None)
-            self._slot_lost.append(False)
+            self._slot_lost.append(None)
         for slot, task in enumerate(tasks):
             self._slot_tasks[slot] = task
-            self._slot_lost[slot] = False
+            self._slot_lost[slot] = None
         items = [(slot, task, seed) for slot, (task, seed) in enumerate(zip(tasks, seeds))]
         results = self._run("reset", items)
         return [results[slot] for slot in range(len(tasks))]
@@ -408,9 +460,9 @@ class EnvPool:
             if not 0 <= slot < self.num_slots:
                 raise ValueError(f"step got slot {slot}, but the pool has {self.num_slots} slots (reset first)")
             if self._slot_lost[slot]:
+                where = f"slot {slot}, task {_task_label(self._slot_tasks[slot])}"
                 results[slot] = _error_result(
-                    f"slot {slot}, task {_task_label(self._slot_tasks[slot])}: {_RESTARTED}; the episode was lost "
-                    "(reset the slot to start a new one)"
+                    f"{where}: {self._slot_lost[slot]}; the episode was lost (reset the slot to start a new one)"
                 )
                 logger.warning("EnvPool: %s", results[slot].error)
             else:
@@ -462,12 +514,19 @@ class EnvPool:
     def _run(self, kind: str, items: list[tuple]) -> dict[int, EnvResult]:
         if not items:
             return {}
-        if self._runner is not None:
-            results = dict(self._runner.run(kind, items))
-        elif self.backend == "ray":
-            results = self._run_ray(kind, items)
-        else:
-            results = self._run_processes(kind, items)
+        try:
+            if self._runner is not None:
+                results = dict(self._runner.run(kind, items))
+            elif self.backend == "ray":
+                results = self._run_ray(kind, items)
+            else:
+                results = self._run_processes(kind, items)
+        except BaseException:
+            # Interrupted (Ctrl-C, a bug): the envs may have run, the caller saw nothing; the slots' episodes are
+            # lost until reset. A late reply is told apart by its request id.
+            for item in items:
+                self._slot_lost[item[0]] = _ABANDONED
+            raise
         for result in results.values():
             if result.error is not None:
                 logger.warning("EnvPool: %s", result.error)
@@ -508,7 +567,7 @@ class EnvPool:
         old.kill()
         self._workers[index] = _Worker(self._ctx, index, self.env_factory)
         for slot in range(index, self.num_slots, self.num_workers):
-            self._slot_lost[slot] = True
+            self._slot_lost[slot] = _RESTARTED
 
     def _run_processes(self, kind: str, items: list[tuple]) -> dict[int, EnvResult]:
         per_worker = self._split(items)
@@ -516,11 +575,12 @@ class EnvPool:
         results: dict[int, EnvResult] = {}
         pending: dict[Any, int] = {}
         failed: dict[int, tuple[str, int | None]] = {}  # worker -> (reason, index of the item to blame)
+        request_id = next(self._request_ids)
         for index, worker_items in per_worker.items():
             worker = self._workers[index]
             worker.progress[0], worker.progress[1] = -1.0, time.monotonic()
             try:
-                worker.conn.send((kind, worker_items))
+                worker.conn.send((request_id, kind, worker_items))
                 pending[worker.conn] = index
             except (OSError, ValueError) as exc:
                 failed[index] = (f"worker process died ({type(exc).__name__}: {exc})", None)
@@ -533,14 +593,22 @@ class EnvPool:
             for conn in _wait_connections(list(pending), timeout=timeout):
                 index = pending.pop(conn)
                 try:
-                    for slot, result in conn.recv():
-                        results[slot] = result
+                    reply_id, replies = conn.recv()
                 except (EOFError, OSError):
                     self._workers[index].process.join(timeout=1)
                     code = self._workers[index].process.exitcode
                     # Died inside an env call: its progress counter names the slot to blame (else all of them).
                     blamed = int(self._workers[index].progress[0])
                     failed[index] = (f"worker process died (exit code {code})", blamed if blamed >= 0 else None)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - an unreadable reply: the worker is replaced
+                    failed[index] = (f"its reply could not be read ({type(exc).__name__}: {exc})", None)
+                    continue
+                if reply_id != request_id:  # the answer to a call that was abandoned (it raised): not this one's
+                    logger.info("EnvPool: dropped worker %d's reply to abandoned request %s", index, reply_id)
+                    pending[conn] = index
+                    continue
+                results.update(_decode_results(replies, self._slot_tasks))
             if self.step_timeout is not None:
                 now = time.monotonic()
                 for conn, index in list(pending.items()):
@@ -564,8 +632,12 @@ class EnvPool:
 
     def _count(self, worker: _Worker) -> int:
         self._wait_ready([worker.index])
-        worker.conn.send(("count", None))
-        return int(worker.conn.recv())
+        request_id = next(self._request_ids)
+        worker.conn.send((request_id, "count", None))
+        while True:
+            reply_id, count = worker.conn.recv()
+            if reply_id == request_id:  # (a reply to an abandoned request is dropped)
+                return int(count)
 
     # ------------------------------------------------------------------ Ray backend
     def _run_ray(self, kind: str, items: list[tuple]) -> dict[int, EnvResult]:
@@ -581,7 +653,7 @@ class EnvPool:
         failed: dict[int, str] = {}
         for ref in done:
             try:
-                results.update(dict(ray.get(ref)))
+                results.update(_decode_results(ray.get(ref), self._slot_tasks))
             except Exception as exc:  # noqa: BLE001 - RayActorError and friends
                 failed[refs[ref]] = f"worker actor died ({type(exc).__name__}: {exc})"
         for ref in not_done:
@@ -590,7 +662,7 @@ class EnvPool:
             logger.warning("EnvPool: restarting Ray worker %d: %s", index, reason)
             self._workers[index].restart()
             for slot in range(index, self.num_slots, self.num_workers):
-                self._slot_lost[slot] = True
+                self._slot_lost[slot] = _RESTARTED
             for item in per_worker[index]:
                 slot = item[0]
                 results[slot] = _error_result(
@@ -674,8 +746,8 @@ class _RayRunner:
     def __init__(self, env_factory: Callable[[], Any]):
         self.runner = _SlotRunner(env_factory)
 
-    def run(self, kind: str, items: list[tuple]) -> list[tuple[int, EnvResult]]:
-        return _picklable_results(self.runner.run(kind, items))
+    def run(self, kind: str, items: list[tuple]) -> list[tuple[int, str, bytes]]:
+        return _encode_results(self.runner, self.runner.run(kind, items))
 
     def count(self) -> int:
         return self.runner.num_created

@@ -231,6 +231,11 @@ class TRLToolEnv(TextEnv):
         return self._env
 
     @property
+    def unwrapped(self) -> Any:
+        """The wrapped TRL environment instance (Gymnasium's name for it; errors name its class)."""
+        return self.env
+
+    @property
     def tools(self) -> dict[str, Callable]:
         """``{name: bound method}`` of the environment's tools (see :func:`tool_methods`)."""
         return tool_methods(self.env)
