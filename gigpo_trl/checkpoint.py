@@ -110,6 +110,7 @@ class CheckpointMixin:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
+        self.mark_weights_changed()  # Trainer loaded the checkpoint's weights just before: vLLM must get them
         path = os.path.join(checkpoint, ROLLOUT_STATE_NAME.format(rank=self.accelerator.process_index))
         if os.path.isfile(path):
             state = torch.load(path, map_location=self.accelerator.device, weights_only=True)

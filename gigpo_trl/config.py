@@ -164,7 +164,8 @@ class GiGPOConfig(GRPOConfig):
 
         > vLLM (GRPOConfig's `use_vllm`, `vllm_mode`, ... fields)
 
-        Every turn is one generate call, and the weights are synced to vLLM once per optimizer step, not per turn.
+        Every turn is one generate call; the weights are synced to vLLM before a generate call when they changed
+        (once per optimizer step, not per turn; also after the expert warm-up or a checkpoint load).
         `vllm_enable_sleep_mode=True` re-syncs them before every generate call (`max_turns` syncs per
         iteration): the trainer warns at init. `vllm_mode="server"` without CUDA cannot sync weights (TRL's NCCL
         transfer): the trainer warns at init, generation and `evaluate()` work, `train()` is refused.

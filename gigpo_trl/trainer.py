@@ -16,6 +16,7 @@ two are mixins because they override TRL / Trainer hooks:
 - :mod:`gigpo_trl.dynamic_sampling`: DAPO's dynamic sampling of flat task groups;
 - :mod:`gigpo_trl.generation`: ZeRO-3 gathering once per rollout, evaluation sampling;
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
+- :mod:`gigpo_trl.weight_sync`: the weights version that decides when vLLM receives the weights;
 - :mod:`gigpo_trl.positions`: positions from the attention mask (padding-invariant forwards);
 - :mod:`gigpo_trl.memory`: the init warning when the token budget's activations would not fit in free memory;
 - :mod:`gigpo_trl.trl_compat`: every private attribute of TRL / transformers / accelerate that the package uses.
@@ -59,7 +60,8 @@ from .rollout import RolloutBatch, RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
                         sampling_logps, sampling_metrics, server_weight_sync_guard, shutdown_engine_before_end_training,
-                        skip_initial_server_sync, vllm_max_model_len)
+                        vllm_max_model_len)
+from .weight_sync import WeightsChangedCallback, WeightsVersion, sync_weights_if_changed
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +164,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             install_cpu_colocate_sync(self.vllm_generation)  # colocate on vLLM's CPU backend
             install_out_of_place_lora_sync(self.vllm_generation)  # LoRA: never write the base weights
             shutdown_engine_before_end_training(self)
-            if server_sync.message is not None:
-                skip_initial_server_sync(self)
+        self.weights_version = WeightsVersion()  # vLLM receives the weights when this moved (gigpo_trl.weight_sync)
+        self.add_callback(WeightsChangedCallback(self.weights_version))  # every optimizer step
         check_budget_aux_loss(args, self.aux_loss_enabled, self.router_aux_loss_coef)
         warn_if_budget_exceeds_memory(self.model, args, self.accelerator.device)  # budget x memory/token > free
         if args.disable_dropout:
@@ -229,7 +231,18 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     def _set_signature_columns_if_needed(self):  # TRL hook (see trl_compat): the task columns the collector reads
         trl_compat.set_signature_columns(self, ["task", "seed", "task_type", "env", "prompt"])
 
+    def mark_weights_changed(self) -> None:
+        """Tell the trainer that its trainable weights were written outside its own optimizer steps (the expert
+        warm-up, a loaded adapter or checkpoint): the next generate call, rollout or evaluation, pushes them to
+        vLLM first. Raises ``RuntimeError`` in vLLM server mode without CUDA, where they could never reach the
+        server (see ``gigpo_trl.vllm_glue``)."""
+        if self._vllm_no_sync_message is not None:
+            raise RuntimeError(self._vllm_no_sync_message)
+        self.weights_version.bump()
+
     def _generate_turn(self, prompt_ids: list[list[int]]):
+        if self.use_vllm:  # weights changed since vLLM last got them: push them first (once)
+            sync_weights_if_changed(self, self.weights_version, can_push=self._vllm_no_sync_message is None)
         return trl_compat.generate_single_turn(self, prompt_ids)
 
     def _eval_sampling(self):

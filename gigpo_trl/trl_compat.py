@@ -78,8 +78,8 @@ OVERRIDDEN_HOOKS = (
 
 # ---------------------------------------------------------------- TRL GRPOTrainer: generation and scoring
 def generate_single_turn(trainer, prompt_ids: list[list[int]]):
-    """One generate call through TRL's dispatch (vLLM server/colocate, continuous batching or ``model.generate``,
-    weight sync to vLLM once per global step). Relies on ``_generate_single_turn(prompt_ids, images,
+    """One generate call through TRL's dispatch (vLLM server/colocate, continuous batching or ``model.generate``;
+    the caller decides the weight sync to vLLM, see :func:`mark_weights_loaded`). Relies on ``_generate_single_turn(prompt_ids, images,
     multimodal_fields, num_generations)`` returning ``(completion_ids, logprobs or None)`` (lists per prompt; vLLM's
     sampled-token log-probs); ``num_generations=1`` because every prompt of a turn is distinct."""
     return trainer._generate_single_turn(prompt_ids, None, {}, 1)
@@ -124,8 +124,9 @@ def set_signature_columns(trainer, columns: list[str]) -> None:
 
 
 def mark_weights_loaded(trainer) -> None:
-    """Tell TRL that vLLM already holds this step's weights, so the next generate call does not sync them. Relies
-    on ``_generate_single_turn`` syncing when ``state.global_step != _last_loaded_step``."""
+    """Tell TRL that vLLM already holds this step's weights, so the next generate call does not sync them
+    (:mod:`gigpo_trl.weight_sync` pushes them itself, on a weights version). Relies on ``_generate_single_turn``
+    syncing only when ``state.global_step != _last_loaded_step``."""
     trainer._last_loaded_step = trainer.state.global_step
 
 

@@ -1,7 +1,8 @@
 """vLLM glue: what GiGPO's multi-turn loop needs around TRL 1.16's vLLM paths (``trl.generation.vllm_generation``).
 
 GiGPO generates through TRL's ``_generate_single_turn`` once per turn, so TRL's vLLM code runs T times per
-iteration, but TRL still syncs the weights once per optimizer step (``_last_loaded_step``). What needs help:
+iteration; the weights are pushed before a generate call when they changed (:mod:`gigpo_trl.weight_sync`: once per
+optimizer step, and after a warm-up or a checkpoint load). What needs help:
 
 - **sleep mode** (``vllm_enable_sleep_mode``): TRL's colocate ``generate`` puts vLLM to sleep at level 2 (weights
   discarded) after every call and re-pushes the weights before the next one: T weight syncs per iteration in a
@@ -11,7 +12,8 @@ iteration, but TRL still syncs the weights once per optimizer step (``_last_load
 - **server mode without CUDA**: TRL's ``VLLMClient.init_communicator`` (NCCL weight transfer) raises
   ``NotImplementedError`` on a non-CUDA device. :func:`server_weight_sync_guard` turns that into one warning at
   init; generation through the server works, ``train()`` is refused up front (the server could never receive the
-  trained weights). On CUDA nothing is changed.
+  trained weights), and so is any other change of the weights (``GiGPOTrainer.mark_weights_changed``, called by
+  the expert warm-up). On CUDA nothing is changed.
 - **colocate mode on vLLM's CPU backend**: TRL's colocate ``sync_weights`` calls ``model.load_weights`` per
   parameter, but vLLM-CPU repacks every linear layer's weight for oneDNN after loading and drops the original
   ``Parameter`` (``'Parameter' object has no attribute 'weight_loader'``). :func:`cpu_colocate_sync` pushes the
@@ -126,13 +128,6 @@ def server_weight_sync_guard(args):
         yield state
     if state.message is not None:
         logger.warning(state.message)
-
-
-def skip_initial_server_sync(trainer) -> None:
-    """With no weight sync to the server, mark step 0's weights as loaded so the first generate call does not try
-    to push them (the server loaded the same checkpoint). Private: ``GRPOTrainer._last_loaded_step`` (through
-    :mod:`gigpo_trl.trl_compat`)."""
-    trl_compat.mark_weights_loaded(trainer)
 
 
 def vllm_max_model_len(trainer) -> int | None:

@@ -329,6 +329,7 @@ def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rat
     with trl_compat.fused_lm_head_labelled_only():  # the prompt's positions carry no label: skip their LM head
         result = sft.train()
     model.train(was_training)
+    trainer.mark_weights_changed()  # SFT wrote the weights: the next generate call pushes them to vLLM
     stats.update(train_loss=float(result.training_loss), sft_steps=int(result.global_step),
                  seconds=time.perf_counter() - started)
     return stats

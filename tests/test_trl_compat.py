@@ -16,6 +16,7 @@ import re
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -424,10 +425,28 @@ def test_tokenizer(trainer, tiny_tokenizer):
 
 
 def test_last_loaded_step(trainer):
-    with contract("GRPOTrainer._last_loaded_step"):
-        assert "self.state.global_step != self._last_loaded_step" in source(GRPOTrainer._generate_single_turn)
+    """TRL's vLLM branch syncs when the step moved and never once the step is marked loaded (the weights version
+    of gigpo_trl.weight_sync then decides alone)."""
+    events = []
+
+    class FakeVLLM:
+        def sync_weights(self):
+            events.append("sync")
+
+        def generate(self, prompts, images, num_generations, profiler):
+            events.append("generate")
+            return None, [[7] for _ in prompts], [[[-0.5]] for _ in prompts], None
+
+    with contract("GRPOTrainer._last_loaded_step"), \
+            mock.patch.multiple(trainer, create=True, use_vllm=True, vllm_generation=FakeVLLM()):
+        trainer._last_loaded_step = trainer.state.global_step - 1
+        assert trl_compat.generate_single_turn(trainer, [[1, 2]]) == ([[7]], [[-0.5]])
+        assert events == ["sync", "generate"]  # the step moved: TRL syncs
+        trainer._last_loaded_step = trainer.state.global_step - 1
         trl_compat.mark_weights_loaded(trainer)
         assert trainer._last_loaded_step == trainer.state.global_step
+        trl_compat.generate_single_turn(trainer, [[1, 2]])
+        assert events == ["sync", "generate", "generate"]  # marked: no sync of TRL's own
 
 
 def test_iter_named_params():

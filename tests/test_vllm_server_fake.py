@@ -163,3 +163,130 @@ def test_eval_generation_kwargs_leave_out_what_overrides_the_evaluation():
     assert eval_generation_kwargs(configured, 0.4) == {"top_p": 0.8, "top_k": 5, "min_p": 0.1, "seed": 3,
                                                        "presence_penalty": 0.5}
     assert configured["temperature"] == 0.9  # a new dict
+
+
+# ------------------------------------------------------------------------------ weight sync on a weights version
+class SyncingVLLMClient(RecordingVLLMClient):
+    """:class:`RecordingVLLMClient` whose server also takes weight updates, as on a CUDA machine (where TRL's NCCL
+    communicator exists): ``events`` records, in order, ``("sync", digest of the tensors received)`` for each
+    ``update_named_params`` (TRL's ``sync_weights`` in server mode) and ``("generate", n prompts)`` per request."""
+
+    events: list = []  # reset by the fixture
+
+    def init_communicator(self, device=0):
+        self.communicator = "fake"
+
+    def update_named_params(self, metadata, named_params):
+        received = list(named_params)
+        assert [name for name, _ in received] == [name for name, _, _ in metadata]
+        self.events.append(("sync", weights_digest(received)))
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, prompts, **kwargs):
+        self.events.append(("generate", len(prompts)))
+        return super().generate(prompts, **kwargs)
+
+
+def weights_digest(named_tensors) -> float:
+    return float(sum(tensor.double().sum() for _, tensor in named_tensors))
+
+
+@pytest.fixture
+def syncing_trainer(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """Server mode with a server that receives weights (the CPU refusal of TRL's communicator lifted, as on CUDA), a
+    LoRA adapter, and an environment with an expert (the warm-up's demonstrations)."""
+    import contextlib
+    import functools
+    from types import SimpleNamespace
+
+    from gigpo_trl.envs.corridor import CorridorEnv
+    from peft import LoraConfig
+
+    RecordingVLLMClient.tokenizer = tiny_tokenizer
+    SyncingVLLMClient.events = []
+    args = make_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url="http://fake:8000",
+                     num_generations=2, per_device_train_batch_size=4, steps_per_generation=1, max_steps=2,
+                     max_turns=3, max_completion_length=24, eval_temperature=0.0, per_device_eval_batch_size=4,
+                     eval_max_tasks=4, history_length=1)
+    able = contextlib.nullcontext(SimpleNamespace(available=True, message=None))
+    with mock.patch("trl.generation.vllm_generation.is_vllm_available", return_value=True), \
+         mock.patch("trl.generation.vllm_generation.VLLMClient", SyncingVLLMClient), \
+         mock.patch("gigpo_trl.trainer.server_weight_sync_guard", lambda args: able):
+        trainer = GiGPOTrainer(tiny_model_dir, env=functools.partial(CorridorEnv, length=3, max_turns=8), args=args,
+                               processing_class=tiny_tokenizer,
+                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    assert trainer._vllm_no_sync_message is None  # weights can reach the fake server
+    return trainer, SyncingVLLMClient.events
+
+
+def _split_at_syncs(events) -> list[tuple]:
+    """``events`` as (digest of the sync or None, number of generate requests after it before the next sync)."""
+    out = []
+    for kind, value in events:
+        if kind == "sync" or not out:
+            out.append([value if kind == "sync" else None, 0])
+        if kind == "generate":
+            out[-1][1] += 1
+    return [tuple(x) for x in out]
+
+
+@pytest.mark.parametrize("next_call", ["evaluate", "rollout"])
+def test_warm_up_weights_reach_the_server_before_the_next_generate_call(syncing_trainer, next_call):
+    from gigpo_trl import trl_compat
+    from gigpo_trl.warmup import expert_warmup
+
+    trainer, events = syncing_trainer
+
+    def current_digest():
+        return weights_digest(trl_compat.iter_named_params(trainer.vllm_generation))
+
+    before = current_digest()
+    trainer.evaluate()
+    trainer.evaluate()  # nothing changed: no second sync
+    (first_sync, eval_requests), = _split_at_syncs(events)
+    assert first_sync == before and eval_requests >= 2  # 2 evaluations of >= 1 turn each
+    n = len(events)
+    expert_warmup(trainer, episodes=2, epochs=1, learning_rate=1e-2, perturb_rate=0.0)
+    assert len(events) == n  # the expert collector does not generate, and the warm-up pushes nothing itself
+    after = current_digest()
+    assert after != before  # SFT changed the adapter
+    if next_call == "evaluate":
+        trainer.evaluate()
+    else:
+        trainer.model.train()
+        trainer._generate_and_score_completions([{"task": 0, "seed": 1}] * 2 + [{"task": 1, "seed": 2}] * 2)
+    new = events[n:]
+    assert new[0] == ("sync", after)  # exactly one sync, of the warmed-up weights, before the first request
+    assert [kind for kind, _ in new[1:]] == ["generate"] * (len(new) - 1) and len(new) >= 2
+
+
+def test_a_run_without_other_changes_syncs_once_per_step_that_generates(syncing_trainer):
+    """Evaluation, 2 iterations, evaluation: TRL's own count (one sync per global step that generated: steps 0, 1
+    and 2), each right before the first request of its step."""
+    trainer, events = syncing_trainer
+    steps: list[int] = []
+    generate_turn = trainer._generate_turn
+
+    def step_recorded(prompt_ids):
+        steps.append(trainer.state.global_step)
+        return generate_turn(prompt_ids)
+
+    trainer.collector.generate_fn = step_recorded
+    trainer.evaluate()
+    trainer.train()
+    trainer.evaluate()
+    assert trainer.state.global_step == 2
+    assert sorted(set(steps)) == [0, 1, 2]
+    syncs = _split_at_syncs(events)
+    assert len(syncs) == 3 and syncs[0][0] is not None  # no request before the first sync
+    # the requests after each sync are those of one global step (eval + iteration 1 | iteration 2 | eval)
+    assert [count for _, count in syncs] == [steps.count(0), steps.count(1), steps.count(2)]
+
+
+def test_server_without_weight_sync_refuses_a_weight_change(server_trainer):
+    trainer, _, _ = server_trainer
+    with pytest.raises(RuntimeError) as info:
+        trainer.mark_weights_changed()
+    assert str(info.value) == trainer._vllm_no_sync_message
