@@ -54,6 +54,7 @@ if __name__ == "__main__":
     build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
 
 from gigpo_trl.advantage import compute_gigpo_advantages  # noqa: E402
+from results_io import is_default_run, write_result  # noqa: E402
 
 TARGET_EXACT_MS = 5.0
 TARGET_SCALING = 12.0
@@ -242,9 +243,10 @@ def time_cpu(fn, kwargs, repeats: int) -> float:
     return statistics.median(times)
 
 
-def compare_reference(small: dict, large: dict, mode: str, ref_repeats: int, repeats: int) -> None:
+def compare_reference(small: dict, large: dict, mode: str, ref_repeats: int, repeats: int) -> dict:
     """Speed-up of ``compute_gigpo_advantages`` over :func:`reference_gigpo` on the same rows (CPU time), and the
-    largest difference of their advantages (float32 against float64)."""
+    largest difference of their advantages (float32 against float64). Returns the figures per number of rows."""
+    figures = {}
     for case in (small, large):
         n = len(case["rewards"])
         ref = reference_gigpo(**case, mode=mode)
@@ -255,6 +257,9 @@ def compare_reference(small: dict, large: dict, mode: str, ref_repeats: int, rep
         print(f"reference's algorithm, {n:>6} rows: {t_ref * 1e3:9.1f} ms/call, ours {t_ours * 1e3:7.2f} ms/call "
               f"= {speedup:7.0f}x   max |diff| {np.abs(ref - ours).max():.1e}"
               f"   target >= {TARGET_REFERENCE_SPEEDUP:.0f}x: {verdict(speedup >= TARGET_REFERENCE_SPEEDUP)}")
+        figures[str(n)] = {"reference_ms": round(t_ref * 1e3, 1), "ours_ms": round(t_ours * 1e3, 2),
+                           "speedup": round(speedup), "max_abs_diff": float(f"{np.abs(ref - ours).max():.1e}")}
+    return figures
 
 
 def verdict(ok: bool) -> str:
@@ -262,7 +267,10 @@ def verdict(ok: bool) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    figures = {"targets": {"exact_6400_ms_max": TARGET_EXACT_MS, "reference_speedup_min": TARGET_REFERENCE_SPEEDUP,
+                           "hgpo_k2_ratio_max": TARGET_HIERARCHY_RATIO}}
 
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}  numpy {np.__version__}")
     small = make_exact_case(16, 8, 50)
@@ -274,10 +282,12 @@ def main(argv=None) -> int:
     print(f"exact, {n_small:>6} rows: {t_small * 1e3:8.2f} ms/call  {n_small / t_small:12,.0f} rows/s"
           f"   target <= {TARGET_EXACT_MS} ms: {verdict(t_small * 1e3 <= TARGET_EXACT_MS)}")
     print(f"exact, {n_large:>6} rows: {t_large * 1e3:8.2f} ms/call  {n_large / t_large:12,.0f} rows/s")
+    figures["exact_ms"] = {str(n_small): round(t_small * 1e3, 2), str(n_large): round(t_large * 1e3, 2)}
     print(f"scaling time(10x)/time(1x) = {ratio:.2f}   target <= {TARGET_SCALING}: {verdict(ratio <= TARGET_SCALING)}")
 
     if args.reference_repeats > 0:
-        compare_reference(small, make_hierarchy_case(), args.mode, args.reference_repeats, args.repeats)
+        figures["reference"] = compare_reference(small, make_hierarchy_case(), args.mode, args.reference_repeats,
+                                                 args.repeats)
 
     hier = make_hierarchy_case()
     n_hier = len(hier["rewards"])
@@ -290,6 +300,9 @@ def main(argv=None) -> int:
     cases["graph, normalized"] = dict(graph, graph_normalize_distance=True)
     times = time_interleaved(cases, args.repeats)
     t_state = times["state"]
+    figures["hierarchy_rows"] = n_hier
+    figures["hgpo_vs_gigpo"] = {f"K={d}": round(times[d] / t_state, 2) for d in (0, 1, 2, 4)}
+    figures["graphgpo_vs_gigpo"] = round(times["graph"] / t_state, 2)
     print(f"HGPO (recipe), {n_hier} rows, CPU time: GiGPO (step_grouping='state') {t_state * 1e3:8.2f} ms/call")
     for depth in (0, 1, 2, 4, "2+base"):
         kwargs, t_k = cases[depth], times[depth]
@@ -313,6 +326,7 @@ def main(argv=None) -> int:
     print(f"similarity {args.threshold}, {len(lengths)} texts (mean {np.mean(lengths):.0f} chars, "
           f"{n_groups} step groups): {t_sim:.3f} s/call   target <= {TARGET_SIMILARITY_S} s: "
           f"{verdict(t_sim <= TARGET_SIMILARITY_S)}")
+    write_result("bench_advantage", figures, recorded=is_default_run(parser, args))
     return 0
 
 

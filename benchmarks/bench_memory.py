@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_io import write_result
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -217,7 +219,7 @@ def run_default_model(cli) -> None:
     print(f"default model, rows of {cli.row_tokens} padded tokens, one optimizer step per setting", flush=True)
     print(f"{'checkpointing':>13} {'budget':>7} {'rows':>5} {'rows/fwd':>8} {'fwds':>5} {'peak RSS MiB':>13} "
           f"{'growth MiB':>11} {'s/step':>7}", flush=True)
-    results = {}
+    results, settings = {}, {}
     for checkpointing, budgets in ((True, cli.gc_budgets), (False, cli.no_gc_budgets)):
         for budget in budgets:
             rows = cli.rows or max(2, 2 * (budget // cli.row_tokens // 2))  # enough rows to fill one forward
@@ -229,6 +231,9 @@ def run_default_model(cli) -> None:
                 sys.exit(f"setting checkpointing={checkpointing} budget={budget} failed:\n{proc.stderr[-3000:]}")
             r = json.loads(line[len("RESULT "):])
             results[checkpointing, budget] = r
+            key = f"checkpointing_{'on' if checkpointing else 'off'}_budget_{budget}_rows_of_{cli.row_tokens}"
+            settings[key] = {"checkpointing": checkpointing, "budget": budget, "row_tokens": cli.row_tokens,
+                             "peak_mib": round(r["peak_mib"]), "growth_mib": r["growth_mib"] and round(r["growth_mib"])}
             widths = {tuple(f) for f in r["forwards"]}
             growth = f"{r['growth_mib']:.0f}" if r["growth_mib"] is not None else "n/a"
             print(f"{'on' if checkpointing else 'off':>13} {budget:>7} {r['rows']:>5} {max(f[0] for f in widths):>8} "
@@ -245,6 +250,8 @@ def run_default_model(cli) -> None:
                 slope = (r1["peak_mib"] - r0["peak_mib"]) * 2**20 / (tokens1 - tokens0)
                 print(f"checkpointing {'on' if checkpointing else 'off'}: peak RSS grows {slope / 1024:.0f} KiB per "
                       f"padded token of the largest forward ({tokens0:,} -> {tokens1:,} tokens)", flush=True)
+    write_result("bench_memory", {"model": "SmolLM2-135M-Instruct, fp32, LoRA r=16 on q/v", "settings": settings},
+                 recorded=cli.record, merge=True)
 
 
 def _run(turns: int, budget: int | None, steps: int, env: dict) -> dict:
@@ -272,6 +279,8 @@ def main() -> None:
                         help="rows in the optimizer step (--default-model; even). Default: budget // row tokens, >= 2")
     parser.add_argument("--row-tokens", type=int, default=ROW_TOKENS, help="padded tokens per row (--default-model)")
     parser.add_argument("--child-default", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--record", action="store_true", help="--default-model: merge the figures into "
+                        "benchmarks/results/bench_memory.json (the recorded figures) instead of outputs/bench/results/")
     cli = parser.parse_args()
     if cli.child_default:
         budget, checkpointing, rows, row_tokens = (int(x) for x in cli.child_default)

@@ -85,6 +85,7 @@ from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages  # noq
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv  # noqa: E402
 from gigpo_trl.models import build_tiny_model  # noqa: E402
 import learning  # noqa: E402
+from results_io import is_default_run, write_result  # noqa: E402
 
 TARGET_RATIO = 1.15
 
@@ -256,6 +257,11 @@ def vllm_vs_transformers(a) -> int:
     report["speedup_tokens_per_s"] = speedup
     (out / "bench_rollout_vllm.json").write_text(json.dumps(report, indent=1, default=float))
     print(f"json: {out / 'bench_rollout_vllm.json'}")
+    write_result("bench_rollout_vllm", {
+        "envs": groups * n, "turns": a.vllm_turns, "max_completion_length": a.max_completion_length,
+        "transformers_tokens_per_s": round(hf_best["tokens_per_s"], 1), "vllm_tokens_per_s": round(vl_best["tokens_per_s"], 1),
+        "speedup_tokens_per_s": round(speedup, 2), "vllm_build_s": round(vl_build, 1),
+    }, recorded=a.recorded)
     return 0
 
 
@@ -264,7 +270,10 @@ def main(argv=None) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    # the recorded figures come from the default command of each backend (benchmarks/results/)
+    a.recorded = is_default_run(parser, a) or vars(a) == vars(parser.parse_args(["--backend", "vllm"]))
     if a.backend == "vllm":
         if "--num_generations" not in (argv or sys.argv):
             a.num_generations = 4
@@ -463,6 +472,14 @@ def main(argv=None) -> int:
                                       "generate_calls": b.num_generate_calls, "rows": len(b.rows)}
     (out / "bench_rollout.json").write_text(json.dumps(report, indent=1, default=float))
     print(f"\njson: {out / 'bench_rollout.json'}")
+    write_result("bench_rollout", {
+        "ratio_greedy": round(ratio, 3), "ratio_sampled": round(ratio_s, 3), "collect_s": round(t_a, 3),
+        "generate_alone_s": round(t_b, 3), "tokenize_share_pct": round(100 * t_tok / t_a, 1),
+        "generate_calls_per_rollout": batch.num_generate_calls, "turns": turns, "rows": len(batch.rows),
+        "advantage_share_pct": round(100 * log["rollout/advantage_seconds"] / t_iter, 3),
+        "max_prompt_tokens": {str(T): v["max_prompt_tokens"] for T, v in report["prompt_length"].items()},
+        "target_ratio_max": TARGET_RATIO,
+    }, recorded=a.recorded)
     return 0
 
 

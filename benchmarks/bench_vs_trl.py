@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_io import write_result
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -183,7 +185,7 @@ def run_arm(cli) -> dict:
         resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "rewards": rewards, "iterations": len(timed)}
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=2, help="timed iterations (after one warm-up)")
@@ -194,12 +196,20 @@ def main() -> None:
                         help="ours: max_tokens_per_microbatch (default: GiGPOConfig's, 16,384 padded tokens)")
     parser.add_argument("--arm", choices=["trl", "ours", "ours-unshared"])
     parser.add_argument("--arms", default="trl,ours-unshared,ours")
-    cli = parser.parse_args()
+    parser.add_argument("--record", action="store_true",
+                        help="merge the figures into benchmarks/results/bench_vs_trl.json (the recorded figures) "
+                             "instead of outputs/bench/results/")
+    return parser
+
+
+def main() -> None:
+    cli = build_parser().parse_args()
     if cli.arm:
         print("RESULT " + json.dumps(run_arm(cli)), flush=True)
         return
     print(f"calls {cli.calls}, iterations {cli.iterations} (+1 warm-up), load {os.getloadavg()}")
     print(f"{'arm':>14} {'s/iter':>8} {'peak GB':>8} {'loss tok':>9} {'fwd tok':>9} {'score tok':>9}  rewards")
+    figures: dict = {}
     for arm in cli.arms.split(","):
         cmd = [sys.executable, __file__, "--arm", arm, "--calls", str(cli.calls), "--iterations", str(cli.iterations),
                "--think", str(cli.think), "--completion", str(cli.completion),
@@ -213,6 +223,13 @@ def main() -> None:
         r = json.loads(found[-1][len("RESULT "):])
         print(f"{arm:>14} {r['seconds']:>8.1f} {r['peak_rss_gb']:>8.2f} {r['loss_tokens']:>9.0f} "
               f"{r['forward_tokens']:>9.0f} {r['scoring_tokens']:>9.0f}  {r['rewards']}", flush=True)
+        label = arm.replace("-", "_") + ("" if cli.budget is None else f"_budget_{cli.budget}")
+        figures |= {f"{label}_s": round(r["seconds"], 1), f"{label}_peak_gb": round(r["peak_rss_gb"], 2),
+                    f"loss_forward_tokens_{label}": r["forward_tokens"], "loss_tokens": r["loss_tokens"]}
+    if "trl_s" in figures and "ours_s" in figures:
+        figures["ratio"] = round(figures["ours_s"] / figures["trl_s"], 2)
+    if figures:
+        write_result("bench_vs_trl", {"calls": {str(cli.calls): figures}}, recorded=cli.record, merge=True)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ from gigpo_trl.envs.frozenlake import ACTION_NAMES, FrozenLakeEnv  # noqa: E402
 from gigpo_trl.envs.frozenlake import INSTRUCTION as FROZENLAKE_INSTRUCTION  # noqa: E402
 from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 from gigpo_trl.prompts import build_messages  # noqa: E402
+from results_io import provenance  # noqa: E402
 
 # The arms: GiGPOConfig fields that differ between them (everything else is shared).
 ARMS = {
@@ -1273,6 +1274,7 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
                 if k in w}
 
     payload = {
+        **provenance(),  # command, commit, date, machine
         "gap_pp": main_gap["gap_pp"] if main_gap else None,
         "ci95_pp": main_gap["ci95_pp"] if main_gap else None,
         "primary_metric": {"key": PRIMARY_METRIC, "gap": f"GiGPO-GRPO/{METRICS[PRIMARY_METRIC][0]}",
@@ -1349,6 +1351,7 @@ def map_report(map_dir) -> int:
     if partial:
         print(f"cells that are not complete map cells (seeds, iterations or eval tasks differ): {partial}")
     (map_dir / "map.json").write_text(json.dumps({
+        **provenance(),
         "primary_metric": PRIMARY_METRIC, "gaps_to_grpo": gaps, "missing": missing, "partial": partial,
         "seeds": {c: d["seeds"] for c, d in cells.items()}, "table": table}, indent=1, default=float))
     plot_map(gaps, map_dir / "map.png")

@@ -4,7 +4,9 @@ at once); the shell scripts answer ``--help`` too."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted(str(p.relative_to(REPO)) for folder in ("benchmarks", "scripts") for p in (REPO / folder).glob("*.py"))
+MODULES = {"benchmarks/results_io.py"}  # imported by the scripts, not run
+SCRIPTS = sorted(str(p.relative_to(REPO)) for folder in ("benchmarks", "scripts") for p in (REPO / folder).glob("*.py")
+                 if str(p.relative_to(REPO)) not in MODULES)
 SHELL_SCRIPTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "scripts").glob("*.sh"))
 HEAVY = {"torch", "transformers", "trl", "datasets", "peft", "vllm", "accelerate"}
 # Scripts whose parser is built from a heavy package, and why.
@@ -51,3 +55,58 @@ def test_importtime_log_is_read_as_top_level_names():
            "import time:       120 |        120 |   torch._C\n"
            "import time:        80 |        300 | numpy\n")
     assert _imported(log) == {"imported package", "torch", "numpy"}
+
+
+# ------------------------------------------------------------------------------------------ results files and pages
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
+import gen_results  # noqa: E402  (scripts/gen_results.py)
+import results_io  # noqa: E402  (benchmarks/results_io.py)
+
+RESULT_FILES = sorted([*(REPO / "benchmarks" / "results").glob("*.json"), REPO / "benchmarks/results/map/map.json"])
+
+
+def test_pages_agree_with_the_results_files():
+    """README's headline table and the results pages are what scripts/gen_results.py writes from the results."""
+    assert gen_results.main(["--check"]) == 0, "run python scripts/gen_results.py"
+
+
+def test_a_changed_figure_makes_the_pages_stale(tmp_path, monkeypatch, capsys):
+    for path in RESULT_FILES:
+        target = tmp_path / path.relative_to(REPO / "benchmarks" / "results")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    rollout = json.loads((tmp_path / "bench_rollout.json").read_text())
+    rollout["figures"]["ratio_greedy"] = 1.234
+    (tmp_path / "bench_rollout.json").write_text(json.dumps(rollout))
+    monkeypatch.setattr(gen_results, "RESULTS", tmp_path)
+    assert "| rollout overhead vs the bare generate calls | 1.23× |" in gen_results.headline_table()
+    assert gen_results.main(["--check"]) == 1
+    assert "README.md" in capsys.readouterr().out
+
+
+def test_figure_formats_by_hand():
+    assert gen_results.gap({"gap_pp": 2.96875, "ci95_pp": [-1.873, 7.81]}, " pp") == "+3.0 pp [\u22121.9, +7.8]"
+    assert gen_results.signed(-0.04) == "0.0" and gen_results.signed(-2.25) == "\u22122.2"
+
+
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_results_file_names_its_command_commit_date_and_machine(path):
+    data = json.loads(path.read_text())
+    missing = [key for key in results_io.PROVENANCE if not str(data.get(key, "")).strip()]
+    assert not missing, f"{path.relative_to(REPO)} lacks {missing}"
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["date"]) and "benchmarks/" in data["command"]
+
+
+def test_write_result_records_provenance_and_keeps_other_runs_out_of_the_record(tmp_path, monkeypatch):
+    argv = [str(REPO / "benchmarks" / "bench_x.py"), "--calls", "3", "--name", "a b"]
+    assert results_io.command_line(argv) == "python benchmarks/bench_x.py --calls 3 --name 'a b'"
+    monkeypatch.setattr(results_io, "RESULTS", tmp_path / "record")
+    monkeypatch.setattr(sys, "argv", argv)
+    path = results_io.write_result("bench_x", {"ratio": 0.5}, recorded=False, folder=tmp_path / "scratch")
+    assert path == tmp_path / "scratch" / "bench_x.json" and not (tmp_path / "record").exists()
+    data = json.loads(path.read_text())
+    assert data["figures"] == {"ratio": 0.5} and data["command"] == results_io.command_line(argv)
+    assert data["commit"] == results_io.commit() != "unknown"
+    recorded = results_io.write_result("bench_x", {"ratio": 0.5}, recorded=True)
+    assert recorded == tmp_path / "record" / "bench_x.json"
