@@ -1,4 +1,5 @@
-"""Input checks of :class:`~gigpo_trl.trainer.GiGPOTrainer`: environments, task datasets, prompt limits.
+"""Input checks of :class:`~gigpo_trl.trainer.GiGPOTrainer`: each environment's first prompt, task datasets, the chat
+template, the token budget.
 
 Each fails at construction (or at the start of :meth:`~gigpo_trl.trainer.GiGPOTrainer.evaluate`) with an error that
 names the bad value, before any model time is spent (see ``docs/errors.md``).
@@ -6,45 +7,11 @@ names the bad value, before any model time is spent (see ``docs/errors.md``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import datasets
 
 from .config import GiGPOConfig
-from .envs import as_env_factory, get_env_class
-from .rollout import DEFAULT_ENV_KEY
-
-
-def env_reward(completions, **kwargs):
-    """Placeholder for GRPOTrainer's required reward function: GiGPO's rewards come from the environment."""
-    raise RuntimeError("GiGPOTrainer takes rewards from the environment; this function is never called")
-
-
-def resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
-    """``env`` as ``{name: zero-argument factory}``; accepts a class, a factory, a registered name, or a dict.
-
-    Raises ``ValueError`` for ``None`` or an empty dict, ``TypeError`` for something not callable (after a
-    registered name is looked up with :func:`gigpo_trl.envs.get_env_class`, which raises for an unknown name)."""
-    if env is None:
-        raise ValueError("GiGPOTrainer needs env=: an environment class, a factory, a registered name or a dict")
-    if isinstance(env, Mapping):
-        if not env:
-            raise ValueError("env= is an empty dict; give at least one environment")
-        return {str(name): resolve_envs(factory)[DEFAULT_ENV_KEY] for name, factory in env.items()}
-    if isinstance(env, str):
-        env = get_env_class(env)
-    if not callable(env):
-        raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
-    return {DEFAULT_ENV_KEY: as_env_factory(env)}  # TRL / OpenEnv environments get their adapter (envs/adapters.py)
-
-
-def disable_attention_dropout(model) -> None:
-    """Complete TRL's ``disable_dropout_in_model`` (which zeroes ``nn.Dropout`` modules only): attention layers of
-    transformers models apply their float ``attention_dropout`` functionally, in train mode."""
-    for module in model.modules():
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
 
 
 def check_first_prompt(collector, env_factories: Mapping, dataset) -> None:
@@ -63,23 +30,6 @@ def check_first_prompt(collector, env_factories: Mapping, dataset) -> None:
         else:
             continue
         collector.check_task(dataset[index], key)
-
-
-def max_prompt_length(context: int | None, max_prompt_length: int | None, max_completion_length: int | None):
-    """The prompt limit (tokens) the collector fits every turn's prompt to: ``max_prompt_length`` when set, else the
-    model's ``context`` (positions; with vLLM, its ``max_model_len``) minus ``max_completion_length``;
-    ``None`` when both are unknown. Raises ``ValueError`` when the two lengths sum past ``context``."""
-    if max_prompt_length is not None:
-        total = max_prompt_length + (max_completion_length or 0)
-        if context is not None and total > context:
-            raise ValueError(
-                f"max_prompt_length={max_prompt_length} + max_completion_length="
-                f"{max_completion_length} = {total} is more than the model's context of {context} positions "
-                f"(max_position_embeddings); lower them so that they sum to at most {context}, or leave "
-                "max_prompt_length=None (the context minus max_completion_length)"
-            )
-        return max_prompt_length
-    return None if context is None else max(1, context - (max_completion_length or 0))
 
 
 def check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:

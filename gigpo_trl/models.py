@@ -164,3 +164,11 @@ def build_tiny_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, seed
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def disable_attention_dropout(model) -> None:
+    """Complete TRL's ``disable_dropout_in_model`` (which zeroes ``nn.Dropout`` modules only): attention layers of
+    transformers models apply their float ``attention_dropout`` functionally, in train mode."""
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0

@@ -75,3 +75,20 @@ def build_messages(
         max_turns=max_turns,
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def max_prompt_length(context: int | None, max_prompt_length: int | None, max_completion_length: int | None):
+    """The prompt limit (tokens) the collector fits every turn's prompt to: ``max_prompt_length`` when set, else the
+    model's ``context`` (positions; with vLLM, its ``max_model_len``) minus ``max_completion_length``;
+    ``None`` when both are unknown. Raises ``ValueError`` when the two lengths sum past ``context``."""
+    if max_prompt_length is not None:
+        total = max_prompt_length + (max_completion_length or 0)
+        if context is not None and total > context:
+            raise ValueError(
+                f"max_prompt_length={max_prompt_length} + max_completion_length="
+                f"{max_completion_length} = {total} is more than the model's context of {context} positions "
+                f"(max_position_embeddings); lower them so that they sum to at most {context}, or leave "
+                "max_prompt_length=None (the context minus max_completion_length)"
+            )
+        return max_prompt_length
+    return None if context is None else max(1, context - (max_completion_length or 0))

@@ -24,15 +24,13 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envs.base import anchor_warnings, check_anchor
+from .envs.checker import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
 from .observers import RolloutContext, RolloutObserver, notify
 from .parsing import parse_for_env
 from .prompts import build_messages
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_ENV_KEY = "default"
 
 
 @dataclass

@@ -45,16 +45,18 @@ from trl.trainer.utils import pad, use_adapter
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
 from .checkpoint import CheckpointMixin
-from .checks import (check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset,
-                     disable_attention_dropout, env_reward, max_prompt_length, resolve_envs)
+from .checks import check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset
 from .config import GiGPOConfig
 from .dynamic_sampling import DynamicSampler
+from .envs.adapters import resolve_envs
 from .generation import eval_sampling, generation_params_gathered, lora_merged_for_generation
 from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
+from .models import disable_attention_dropout
 from .observers import RolloutContext, RolloutObserver, notify
 from .positions import install_mask_positions
+from .prompts import max_prompt_length
 from .records import RolloutRecorder
 from .rollout import RolloutBatch, RolloutCollector, StepRow, advantage_keys
 from .token_budget import TokenBudgetMixin
@@ -150,7 +152,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         with server_weight_sync_guard(args) as server_sync:  # vLLM server mode without CUDA: one warning, no sync
             super().__init__(
                 model=model,
-                reward_funcs=[env_reward],
+                reward_funcs=[trl_compat.env_reward],
                 args=args,
                 train_dataset=train_dataset,
                 eval_dataset=eval_dataset,

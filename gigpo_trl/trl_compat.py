@@ -76,6 +76,13 @@ OVERRIDDEN_HOOKS = (
 )
 
 
+# ---------------------------------------------------------------- TRL GRPOTrainer: construction
+def env_reward(completions, **kwargs):
+    """``GRPOTrainer`` requires a reward function; GiGPO's rewards come from the environment, so this one is never
+    called."""
+    raise RuntimeError("GiGPOTrainer takes rewards from the environment; this function is never called")
+
+
 # ---------------------------------------------------------------- TRL GRPOTrainer: generation and scoring
 def generate_single_turn(trainer, prompt_ids: list[list[int]]):
     """One generate call through TRL's dispatch (vLLM server/colocate, continuous batching or ``model.generate``;

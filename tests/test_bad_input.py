@@ -16,7 +16,7 @@ from conftest import capture_rollouts, tiny_run_config
 from toy_env import LineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
-from gigpo_trl.envs.base import TextEnv, check_env
+from gigpo_trl.envs import TextEnv, check_env
 from gigpo_trl.envs.pool import EnvPool
 from gigpo_trl.rollout import RolloutCollector
 

@@ -3,7 +3,7 @@ from math import comb
 import pytest
 
 from gigpo_trl.envs import make_env
-from gigpo_trl.envs.base import check_env
+from gigpo_trl.envs import check_env
 from gigpo_trl.envs.corridor import EVAL_IDS, TRAIN_IDS, CorridorEnv, Room, generate_corridor
 
 ROOM1 = "room 1: up arch, right niche"

@@ -16,7 +16,8 @@ import pytest
 from conftest import capture_rollouts
 
 from gigpo_trl.envs import OpenEnvEnv, TRLToolEnv, as_env_factory, check_env, env_kind
-from gigpo_trl.envs.base import TextEnv, anchor_warnings
+from gigpo_trl.envs.base import TextEnv
+from gigpo_trl.envs.checker import anchor_warnings
 from gigpo_trl.envs.trl_tools import FINISH, parse_tool_call
 
 try:  # OpenEnv's observations and actions are pydantic models (pydantic comes with deepspeed/spacy in CI)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gigpo_trl.envs.base import check_env
+from gigpo_trl.envs import check_env
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv, generate_map
 
 MAP0 = "P _ _ _\nO O _ _\n_ O O _\nO _ _ G"

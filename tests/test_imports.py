@@ -1,5 +1,9 @@
 """Every module of the package imports alone: no import cycle, no module that works only after another was imported.
 
+Two checks: each module is imported in a fresh process, and the import graph read from the source (every ``import``
+of a package module, those inside functions included) has no cycle, so no module imports another that imports it
+back, even lazily. A third keeps every module at 500 lines or fewer.
+
 A test that imports modules inside pytest's process cannot see a cycle (earlier test files have imported
 ``gigpo_trl.envs`` already), so each module is imported in a child process that has never loaded any ``gigpo_trl``
 module. The children are forked from one fresh interpreter that has loaded only the heavy third-party libraries
@@ -8,6 +12,7 @@ module. The children are forked from one fresh interpreter that has loaded only 
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
 import subprocess
@@ -50,15 +55,103 @@ print(json.dumps(failures))
 """
 
 
-def package_modules() -> list[str]:
-    """Dotted names of every module of the package (``__init__`` as its package), from the source tree."""
-    names = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_paths(package: pathlib.Path = PACKAGE) -> dict[str, pathlib.Path]:
+    """``{dotted name: source file}`` of every module of ``package`` (``__init__`` as its package)."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        names.append(".".join(parts))
-    return names
+        out[".".join(parts)] = path
+    return out
+
+
+def package_modules() -> list[str]:
+    """Dotted names of every module of the package, from the source tree."""
+    return list(module_paths())
+
+
+def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
+    """``{module: modules of the package it imports}``, from every import statement of its source, wherever it is
+    (a function's lazy import included). ``from .x import y`` points at ``x.y`` when that is a module, else at ``x``;
+    a package's ``__init__`` being run before its submodules is not an edge."""
+    paths = module_paths(package)
+    graph = {}
+    for name, path in paths.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in paths)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                if target in paths:
+                    edges.update(f"{target}.{a.name}" if f"{target}.{a.name}" in paths else target for a in node.names)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (each one holds a cycle), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_import_graph_finds_a_lazy_cycle_and_ignores_the_package_init(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import A\n")  # a package re-exporting its module: no cycle
+    (pkg / "sub" / "a.py").write_text("from ..b import B\nA = 1\n")
+    (pkg / "b.py").write_text("import os\nB = 2\ndef f():\n    from .sub import a\n    from . import c\n")
+    (pkg / "c.py").write_text("from pkg.sub.a import A\n")
+    graph = import_graph(pkg)
+    assert graph == {"pkg": set(), "pkg.sub": {"pkg.sub.a"}, "pkg.sub.a": {"pkg.b"}, "pkg.b": {"pkg.sub.a", "pkg.c"},
+                     "pkg.c": {"pkg.sub.a"}}
+    assert import_cycles(graph) == [["pkg.b", "pkg.c", "pkg.sub.a"]]
+    (pkg / "b.py").write_text("B = 2\n")
+    assert import_cycles(import_graph(pkg)) == []
+
+
+def test_no_import_cycle_in_the_package():
+    graph = import_graph()
+    assert "gigpo_trl.envs.adapters" in graph["gigpo_trl.envs.checker"]  # the graph reads relative imports
+    assert "gigpo_trl.trl_compat" in graph["gigpo_trl.envs.alfworld.engine"]  # and lazy ones, three levels up
+    cycles = import_cycles(graph)
+    assert not cycles, "modules that import each other (directly or through others): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
 
 
 def test_package_modules_lists_the_package():

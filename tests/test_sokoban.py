@@ -1,6 +1,6 @@
 import pytest
 
-from gigpo_trl.envs.base import check_env
+from gigpo_trl.envs import check_env
 from gigpo_trl.envs.sokoban import SokobanEnv, generate_level, is_solved, parse_level, render_level, solve
 
 LEVEL = """

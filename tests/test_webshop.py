@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gigpo_trl.envs.base import check_env
+from gigpo_trl.envs import check_env
 from gigpo_trl.envs.webshop import (
     BUNDLED_DIR,
     SUCCESS_REWARD,

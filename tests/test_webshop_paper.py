@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gigpo_trl.envs.base import check_env
+from gigpo_trl.envs import check_env
 from gigpo_trl.envs.registry import PROTOCOLS, check_protocol, make_env
 from gigpo_trl.envs.verl_agent import webshop_engine as paper
 from gigpo_trl.envs.verl_agent.webshop import PaperWebShopEnv, load_paper_dir

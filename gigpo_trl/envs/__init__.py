@@ -8,7 +8,8 @@ paper's version; :mod:`gigpo_trl.envs.registry` maps ``(protocol, name)`` to imp
 from __future__ import annotations
 
 from .adapters import as_env_factory, env_kind
-from .base import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_PROMPT, ParsedAction, TextEnv, check_env, env_anchor
+from .base import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_PROMPT, ParsedAction, TextEnv, env_anchor
+from .checker import check_env
 from .openenv import OpenEnvEnv
 from .registry import ENV_CLASSES, ENV_REGISTRY, PROTOCOLS, check_protocol, get_env_class, make_env
 from .trl_tools import TRLToolEnv

@@ -11,21 +11,25 @@ Three kinds, told apart by their methods (duck typing: no import of TRL's or Ope
   ours: wrap it explicitly, ``env=TRLToolEnv(MyEnv)``.
 
 A class (or a ``functools.partial`` of one) is classified without being instantiated; any other callable is called
-once to look at what it builds (that probe instance is then discarded).
+once to look at what it builds (that probe instance is then discarded). :func:`resolve_envs` turns the trainer's
+whole ``env=`` value (a registered name, a class, a factory, or a dict of them) into named factories.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .base import TextEnv
 from .openenv import OpenEnvEnv
+from .registry import get_env_class
 from .trl_tools import TRLToolEnv
 
 ADAPTERS = (TRLToolEnv, OpenEnvEnv)
+#: The name of the environment when ``env=`` is a single one rather than a dict.
+DEFAULT_ENV_KEY = "default"
 
 
 def env_kind(cls: type) -> str:
@@ -93,4 +97,22 @@ def as_env(env: Any) -> Any:
     return env
 
 
-__all__ = ["ADAPTERS", "as_env", "as_env_factory", "env_kind"]
+def resolve_envs(env: Any) -> dict[str, Callable[[], Any]]:
+    """``env`` as ``{name: zero-argument factory}``; accepts a class, a factory, a registered name, or a dict.
+
+    Raises ``ValueError`` for ``None`` or an empty dict, ``TypeError`` for something not callable (after a
+    registered name is looked up with :func:`gigpo_trl.envs.get_env_class`, which raises for an unknown name)."""
+    if env is None:
+        raise ValueError("GiGPOTrainer needs env=: an environment class, a factory, a registered name or a dict")
+    if isinstance(env, Mapping):
+        if not env:
+            raise ValueError("env= is an empty dict; give at least one environment")
+        return {str(name): resolve_envs(factory)[DEFAULT_ENV_KEY] for name, factory in env.items()}
+    if isinstance(env, str):
+        env = get_env_class(env)
+    if not callable(env):
+        raise TypeError(f"env must be an environment class or a zero-argument factory, got {type(env).__name__}")
+    return {DEFAULT_ENV_KEY: as_env_factory(env)}  # TRL / OpenEnv environments get their adapter
+
+
+__all__ = ["ADAPTERS", "DEFAULT_ENV_KEY", "as_env", "as_env_factory", "env_kind", "resolve_envs"]

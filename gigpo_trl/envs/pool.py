@@ -57,7 +57,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as _wait_connections
 from typing import Any
 
-from .base import check_anchor, env_anchor, validate_reward
+from .base import env_anchor
+from .checker import check_anchor, validate_reward
 
 logger = logging.getLogger(__name__)
 
