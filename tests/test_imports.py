@@ -71,15 +71,28 @@ def package_modules() -> list[str]:
     return list(module_paths())
 
 
+def _run_time_nodes(tree: ast.AST):
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks (imports for annotations only)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     """``{module: modules of the package it imports}``, from every import statement of its source, wherever it is
-    (a function's lazy import included). ``from .x import y`` points at ``x.y`` when that is a module, else at ``x``;
-    a package's ``__init__`` being run before its submodules is not an edge."""
+    (a function's lazy import included; an ``if TYPE_CHECKING:`` import is not run, so not an edge). ``from .x import
+    y`` points at ``x.y`` when that is a module, else at ``x``; a package's ``__init__`` being run before its
+    submodules is not an edge."""
     paths = module_paths(package)
     graph = {}
     for name, path in paths.items():
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _run_time_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names if alias.name in paths)
             elif isinstance(node, ast.ImportFrom):
@@ -136,7 +149,8 @@ def test_import_graph_finds_a_lazy_cycle_and_ignores_the_package_init(tmp_path):
     (pkg / "sub" / "__init__.py").write_text("from .a import A\n")  # a package re-exporting its module: no cycle
     (pkg / "sub" / "a.py").write_text("from ..b import B\nA = 1\n")
     (pkg / "b.py").write_text("import os\nB = 2\ndef f():\n    from .sub import a\n    from . import c\n")
-    (pkg / "c.py").write_text("from pkg.sub.a import A\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nfrom pkg.sub.a import A\n"
+                              "if TYPE_CHECKING:\n    from .b import B\n")
     graph = import_graph(pkg)
     assert graph == {"pkg": set(), "pkg.sub": {"pkg.sub.a"}, "pkg.sub.a": {"pkg.b"}, "pkg.b": {"pkg.sub.a", "pkg.c"},
                      "pkg.c": {"pkg.sub.a"}}
