@@ -85,7 +85,7 @@ class CheckpointMixin:
             name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             folder = os.path.join(trl_compat.output_dir(self, trial), name)
             os.makedirs(folder, exist_ok=True)
-            generate_every = self.args.steps_per_generation * self.num_iterations
+            generate_every = self.args.steps_per_rollout
             step, buffered = trl_compat.rollout_position(self)
             reuse = buffered is not None and step % generate_every != 0
             state = {"step": step, "buffered_inputs": buffered if reuse else None}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
+from .advantage.settings import EstimatorSettings
 
 _SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
 
@@ -326,6 +327,18 @@ class GiGPOConfig(GRPOConfig):
                 if key.endswith("_token") and isinstance(value, str):
                     state[key] = None
         return state
+
+    @property
+    def estimator_settings(self) -> EstimatorSettings:
+        """The advantage estimator's settings as one value (:class:`~gigpo_trl.advantage.EstimatorSettings`), read
+        from this config's fields: what the trainer passes to `compute_gigpo_advantages` and the records store."""
+        return EstimatorSettings(**{name: getattr(self, field) for name, field in EstimatorSettings.config_fields().items()})
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Micro-steps between two rollouts: each rollout's batch is split into `steps_per_generation` micro-batches
+        and optimised `num_iterations` times (TRL's `generate_every`)."""
+        return self.steps_per_generation * self.num_iterations
 
     def __post_init__(self):
         # Checked before GRPOConfig's own checks, which would divide by a zero num_generations.

@@ -273,10 +273,9 @@ def model_card(base_model: str | None, job: JobArguments, args, results: dict, l
     ``lora``: the run trained a PEFT adapter (``library_name: peft``); False for full fine-tuning (the paper configs).
     """
     kind = "LoRA adapter for" if lora else "Full fine-tune of"
-    settings = {k: getattr(args, k) for k in (
-        "step_advantage_weight", "gamma", "advantage_mode", "episode_stats", "invalid_action_penalty",
-        "anchor_similarity_threshold", "num_generations", "max_turns", "history_length", "learning_rate", "beta",
-        "max_steps", "max_completion_length")}
+    settings = {**args.estimator_settings.to_dict(), **{k: getattr(args, k) for k in (
+        "num_generations", "max_turns", "history_length", "learning_rate", "beta", "max_steps",
+        "max_completion_length")}}
     base_line = [f"base_model: {base_model}"] if base_model else []
     base_text = f"`{base_model}`" if base_model else f"a local model (`{local_name or 'unknown'}`)"
     lines = [
@@ -476,12 +475,12 @@ def train_and_evaluate(trainer, job: JobArguments, probe) -> dict:
         results["warmup"] = warm_up(trainer, job)
         results.update(evaluate(trainer, job, probe, "after_warmup"))
     trainer.train()
-    # global_step counts optimizer steps; one iteration (generation) holds steps_per_generation x num_iterations
+    # global_step counts optimizer steps; one iteration (generation) holds steps_per_rollout
     # micro-steps, an optimizer step gradient_accumulation_steps of them.
     args = trainer.args
     micro_steps = trainer.state.global_step * args.gradient_accumulation_steps
     results.update(evaluate(trainer, job, probe, "after",
-                            iterations=-(-micro_steps // (args.steps_per_generation * args.num_iterations))))
+                            iterations=-(-micro_steps // args.steps_per_rollout)))
     trainer.save_model(args.output_dir)
     return results
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .advantage import EstimatorSettings, anchor_digest, returns_to_go
 from .observers import RolloutContext, RolloutObserver
 
 RECORDS_DIR = "records"
@@ -45,20 +45,18 @@ _TRAIN_FILE = re.compile(r"iteration_(\d+)\.rank(\d+)\.jsonl\.gz$")
 #: ``return_to_go``: discounted return ``sum_k gamma^k r_{t+k}`` of the raw rewards (the estimator's step return
 #: subtracts the invalid-action penalty from it). ``A_E``, ``A_S``, ``A``, ``anchor_group``, ``anchor_group_size``:
 #: the trainer's estimator output for the row (``None`` in evaluation records); ``anchor_group`` labels the row's
-#: step group, unique within an iteration across all processes. ``anchor_key`` / ``next_anchor_key``: a 16-hex-digit
-#: hash of the ``repr`` of the row's anchor state and of the anchor the action led to (``None`` where the collector
-#: records none): GraphGPO's transitions, without storing the anchors twice. ``success`` and ``episode_return``
+#: step group, unique within an iteration across all processes. ``anchor_key`` / ``next_anchor_key``: the
+#: :func:`~gigpo_trl.advantage.anchor_digest` of the row's anchor state and of the anchor the action led to (``None``
+#: where the collector records none), equal exactly when the estimator matches the anchors: GraphGPO's transitions,
+#: without storing the anchors twice. ``success`` and ``episode_return``
 #: describe the row's whole trajectory.
 RECORD_FIELDS = ("split", "iteration", "global_step", "rank", "task", "task_type", "group", "trajectory", "turn",
                  "observation", "completion", "action", "action_valid", "reward", "done", "return_to_go", "A_E",
                  "A_S", "A", "anchor_group", "anchor_group_size", "anchor_key", "next_anchor_key", "success",
                  "episode_return")
 
-#: The config fields written to ``settings.json``: what the report needs to recompute each estimator.
-SETTINGS_FIELDS = ("gamma", "step_advantage_weight", "advantage_mode", "invalid_action_penalty", "episode_stats",
-                   "anchor_similarity_threshold", "step_grouping", "hierarchy_depth", "hierarchy_alpha",
-                   "hierarchy_base_group", "step_return", "graph_normalize_distance", "num_generations", "max_turns",
-                   "rollout_records_every")
+#: The config fields written to ``settings.json`` beside the estimator's settings (its ``"estimator"`` entry).
+SETTINGS_FIELDS = ("num_generations", "max_turns", "rollout_records_every", "steps_per_generation")
 
 
 def records_dir(output_dir: str | os.PathLike) -> Path:
@@ -73,12 +71,19 @@ def _label(x: Any) -> str:
     return x if isinstance(x, str) else str(x)
 
 
-def anchor_key(anchor: Any) -> str | None:
-    """A short stable label of an anchor state: the first 16 hex digits of the BLAKE2b hash of its ``repr``
-    (``None`` for ``None``). Equal anchors (str, numbers, tuples of them) get equal keys."""
-    if anchor is None:
-        return None
-    return hashlib.blake2b(repr(anchor).encode("utf-8", "backslashreplace"), digest_size=8).hexdigest()
+def settings_record(args, num_processes: int = 1) -> dict[str, Any]:
+    """What ``settings.json`` holds: ``{"estimator": args.estimator_settings as a dict, the SETTINGS_FIELDS of
+    args, "num_processes"}``."""
+    return {"estimator": args.estimator_settings.to_dict(), **{k: getattr(args, k) for k in SETTINGS_FIELDS},
+            "num_processes": num_processes}
+
+
+def load_settings(output_dir: str | os.PathLike) -> tuple[EstimatorSettings, dict[str, Any]]:
+    """A run's recorded estimator settings and the other recorded fields (``settings.json``, see
+    :func:`settings_record`); the default settings and ``{}`` when the run recorded none."""
+    path = records_dir(output_dir) / SETTINGS_NAME
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return EstimatorSettings.from_dict(data.pop("estimator", {})), data
 
 
 def _text(x: Any) -> str | None:
@@ -102,11 +107,8 @@ def row_records(rows: Sequence, trajectories: Sequence, gamma: float, result: An
         KeyError: a row's trajectory is not among ``trajectories``.
     """
     by_id: dict[Hashable, Any] = {t.trajectory_id: t for t in trajectories}
-    togo = [0.0] * len(rows)
-    running: dict[Hashable, float] = {}
-    for i in range(len(rows) - 1, -1, -1):  # rows of a trajectory are in turn order: walk back, discounting
-        r = rows[i]
-        running[r.trajectory_id] = togo[i] = float(r.reward) + gamma * running.get(r.trajectory_id, 0.0)
+    togo = returns_to_go([float(r.reward) for r in rows], [r.trajectory_id for r in rows], gamma).tolist() \
+        if rows else []
     fields = ("episode_advantages", "step_advantages", "advantages", "anchor_group_ids", "anchor_group_sizes")
     if result is not None:
         a_e, a_s, a, ids, sizes = (getattr(result, f)[start:start + len(rows)].tolist() for f in fields)
@@ -124,7 +126,8 @@ def row_records(rows: Sequence, trajectories: Sequence, gamma: float, result: An
             A=a[i] if result is not None else None,
             anchor_group=int(ids[i]) if result is not None else None,
             anchor_group_size=int(sizes[i]) if result is not None else None,
-            anchor_key=anchor_key(r.anchor_state), next_anchor_key=anchor_key(getattr(r, "next_anchor_state", None)),
+            anchor_key=anchor_digest(r.anchor_state),
+            next_anchor_key=anchor_digest(getattr(r, "next_anchor_state", None)),
             success=bool(traj.won), episode_return=float(traj.episode_return),
         )
         out.append(rec)
@@ -221,10 +224,7 @@ class RolloutRecorder(RolloutObserver):
     def _write_settings(self, rank: int) -> None:
         if self._settings_written or rank != 0:
             return
-        args = self.args
-        settings = {k: getattr(args, k, None) for k in SETTINGS_FIELDS}
-        settings["num_processes"] = self.num_processes
-        settings["steps_per_generation"] = args.steps_per_generation
+        settings = settings_record(self.args, self.num_processes)
         path = self._folder() / SETTINGS_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=1))
@@ -275,5 +275,5 @@ class RolloutRecorder(RolloutObserver):
         return write_records(self._folder() / "eval" / EVAL_PATTERN.format(name=safe, step=step, rank=rank), records)
 
 
-__all__ = ["RECORD_FIELDS", "RolloutRecorder", "load_records", "read_records", "record_files", "records_dir",
-           "row_records", "write_records"]
+__all__ = ["RECORD_FIELDS", "RolloutRecorder", "load_records", "load_settings", "read_records", "record_files",
+           "records_dir", "row_records", "settings_record", "write_records"]

@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .records import SETTINGS_NAME, load_records, record_files, records_dir
+from .advantage.settings import EstimatorSettings
+from .records import load_records, load_settings, record_files, records_dir
 
 REPORT_NAME = "report.html"
 # Diverging colours of an advantage: negative red, 0 grey (visible on white), positive blue.
@@ -44,67 +45,50 @@ COLORSCALE = [[0.0, "rgb(178,24,43)"], [0.5, "rgb(170,170,170)"], [1.0, "rgb(33,
 
 
 # ---------------------------------------------------------------------------------------------------- estimators
-def _graph_estimator() -> bool:
-    """Whether this version's estimator has GraphGPO (``step_return="graph"``)."""
-    import inspect
-
-    from .advantage import compute_gigpo_advantages
-
-    return "step_return" in inspect.signature(compute_gigpo_advantages).parameters
-
-
 def _estimators(records: Sequence[dict] = ()) -> list[tuple[str, dict, str]]:
-    """``(label, keyword overrides of compute_gigpo_advantages, result field)``; the first is shown by default.
-    GraphGPO when the estimator has it and every record has its next anchor (``next_anchor_key``)."""
-    discounted = {"step_return": "discounted"} if _graph_estimator() else {}
+    """``(label, settings changed from the run's, result field)``; the first is shown by default. GraphGPO when
+    every record has its anchor's and next anchor's keys (``anchor_key``, ``next_anchor_key``)."""
+    gigpo = {"step_grouping": "state", "step_return": "discounted", "similarity_threshold": None}  # merged already
     out = [
-        ("GiGPO A_S (step)", {"step_grouping": "state", **discounted}, "step_advantages"),
-        ("GiGPO A = A_E + ω·A_S", {"step_grouping": "state", **discounted}, "advantages"),
-        ("GRPO A (= A_E)", {"step_grouping": "state", "step_advantage_weight": 0.0, **discounted}, "advantages"),
-        ("HGPO A", {"step_grouping": "hierarchical", "step_advantage_weight": 1.0, **discounted}, "advantages"),
+        ("GiGPO A_S (step)", gigpo, "step_advantages"),
+        ("GiGPO A = A_E + ω·A_S", gigpo, "advantages"),
+        ("GRPO A (= A_E)", {**gigpo, "step_advantage_weight": 0.0}, "advantages"),
+        ("HGPO A", {**gigpo, "step_grouping": "hierarchical", "step_advantage_weight": 1.0}, "advantages"),
     ]
-    if discounted and records and all(r.get("next_anchor_key") and r.get("anchor_key") for r in records):
-        out.append(("GraphGPO A", {"step_grouping": "state", "step_return": "graph", "similarity_threshold": None,
-                                   "anchor_states": [r["anchor_key"] for r in records],
-                                   "next_anchor_states": [r["next_anchor_key"] for r in records]}, "advantages"))
+    if records and all(r.get("next_anchor_key") and r.get("anchor_key") for r in records):
+        out.append(("GraphGPO A", {**gigpo, "step_return": "graph"}, "advantages"))
     return out
 
 
-def estimator_values(records: Sequence[dict], settings: dict) -> dict[str, list[float]]:
+def estimator_values(records: Sequence[dict], settings: EstimatorSettings | None = None) -> dict[str, list[float]]:
     """Each estimator's advantage of every record (one training iteration, all ranks, in file order), recomputed
     with :func:`~gigpo_trl.advantage.compute_gigpo_advantages` from the records' rewards, validity flags, task groups,
     trajectories and step groups (``anchor_group``, which already holds a fuzzy run's merged anchors) and the run's
-    ``settings`` (``records/settings.json``); GraphGPO (where the estimator has it) from the anchors' and next
-    anchors' keys (``anchor_key``, ``next_anchor_key``). Returns ``{label: [value per record]}``."""
+    estimator ``settings`` (``records/settings.json``, see :func:`~gigpo_trl.records.load_settings`; default
+    ``EstimatorSettings()``), each estimator changing only the settings that name it; GraphGPO from the anchors'
+    and next anchors' keys (``anchor_key``, ``next_anchor_key``). Returns ``{label: [value per record]}``."""
     import numpy as np
 
     from .advantage import compute_gigpo_advantages
 
     if not records:
         return {label: [] for label, _, _ in _estimators()}
-    graph = {"graph_normalize_distance": settings.get("graph_normalize_distance") or False} if _graph_estimator() \
-        else {}
-    base = dict(
+    settings = settings or EstimatorSettings()
+    if settings.step_grouping == "hierarchical":
+        settings = settings.replace(step_advantage_weight=1.0)  # the run's own ω has no meaning under HGPO
+    rows = dict(
         rewards=np.array([r["reward"] for r in records], dtype=np.float64),
         group_ids=[r["group"] for r in records],
         trajectory_ids=[r["trajectory"] for r in records],
-        anchor_states=[r["anchor_group"] for r in records],
         action_valid=np.array([bool(r["action_valid"]) for r in records]),
-        gamma=settings.get("gamma", 0.95),
-        step_advantage_weight=settings.get("step_advantage_weight", 1.0),
-        mode=settings.get("advantage_mode", "mean_norm"),
-        invalid_action_penalty=settings.get("invalid_action_penalty", 0.1),
-        episode_stats=settings.get("episode_stats", "rows"),
-        hierarchy_depth=settings.get("hierarchy_depth", 2),
-        hierarchy_alpha=settings.get("hierarchy_alpha", 1.0),
-        hierarchy_base_group=settings.get("hierarchy_base_group", False),
-        **graph,
     )
-    if base["step_advantage_weight"] is None or settings.get("step_grouping") == "hierarchical":
-        base["step_advantage_weight"] = 1.0  # the run's own ω has no meaning under HGPO
     out = {}
-    for label, overrides, field in _estimators(records):
-        result = compute_gigpo_advantages(**{**base, **overrides})
+    for label, changes, field in _estimators(records):
+        graph = changes["step_return"] == "graph"
+        anchors = [r["anchor_key"] if graph else r["anchor_group"] for r in records]
+        nexts = [r["next_anchor_key"] for r in records] if graph else None
+        result = compute_gigpo_advantages(**rows, anchor_states=anchors, next_anchor_states=nexts,
+                                          settings=settings.replace(**changes))
         out[label] = [float(v) for v in getattr(result, field)]
     return out
 
@@ -139,11 +123,6 @@ def _missing_evaluations(run_dir: Path, log_history: Sequence[dict]) -> list[dic
             records += recs
             names += [match.group(1)] * len(recs)
     return eval_history(records, names) if records else []
-
-
-def _settings(run_dir: Path) -> dict:
-    path = records_dir(run_dir) / SETTINGS_NAME
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 # ---------------------------------------------------------------------------------------------------- text
@@ -538,7 +517,7 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, iteratio
     if missing:
         raise FileNotFoundError(f"iteration(s) {missing} were not recorded in {records_dir(run_dir) / 'train'} "
                                 f"(recorded: {sorted(files) or 'none'})")
-    settings = _settings(run_dir)
+    settings, run_fields = load_settings(run_dir)
     by_iteration = {it: load_records(run_dir, "train", it) for it in files}
     log_history = list(log_history) + _missing_evaluations(run_dir, log_history)
     parts = [pio.to_html(curves_figure(log_history, by_iteration), full_html=False, include_plotlyjs=True,
@@ -575,7 +554,7 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, iteratio
             body.append(f'<p class="meta">{len(groups) - max_groups} more task group(s) not drawn '
                         "(max_groups).</p>")
     recorded = ", ".join(str(i) for i in files) or "none"
-    setting_text = ", ".join(f"{k}={v}" for k, v in settings.items()) or "not recorded"
+    setting_text = ", ".join(f"{k}={v}" for k, v in {**settings.to_dict(), **run_fields}.items())
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>GiGPO report: '
         f'{html.escape(run_dir.name)}</title><style>{_STYLE}</style></head><body>'

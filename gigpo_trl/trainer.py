@@ -256,7 +256,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     def _rollout_context(self, mode: str, name: str | None = None) -> RolloutContext:
         """The observers' context of a rollout starting now; a training rollout's ``iteration`` counts TRL's
         micro-steps (restored on resume) in generations."""
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        generate_every = self.args.steps_per_rollout
         iteration = trl_compat.rollout_position(self)[0] // generate_every + 1 if mode == "train" else None
         return RolloutContext(mode, self.accelerator.process_index, self.state.global_step, iteration, name)
 
@@ -321,19 +321,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             trajectory_ids=list(trajs),
             anchor_states=list(anchors),
             action_valid=np.asarray(valid, dtype=bool),
-            gamma=self.args.gamma,
-            step_advantage_weight=self.args.step_advantage_weight,
-            mode=self.args.advantage_mode,
-            invalid_action_penalty=self.args.invalid_action_penalty,
-            episode_stats=self.args.episode_stats,
-            similarity_threshold=self.args.anchor_similarity_threshold,
-            step_grouping=self.args.step_grouping,
-            hierarchy_depth=self.args.hierarchy_depth,
-            hierarchy_alpha=self.args.hierarchy_alpha,
-            hierarchy_base_group=self.args.hierarchy_base_group,
-            step_return=self.args.step_return,
+            settings=self.args.estimator_settings,
             next_anchor_states=list(next_anchors),
-            graph_normalize_distance=self.args.graph_normalize_distance,
         )
 
     # ------------------------------------------------------------------ batch
@@ -396,7 +385,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         is_correction = self.use_vllm and self.vllm_importance_sampling_correction
         have_sampling = all(lp is not None for lp in logps_list)
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        generate_every = self.args.steps_per_rollout
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
                 out["old_per_token_logps"] = self._score_in_budget(
@@ -435,7 +424,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         rounding differs enough to clip tokens spuriously. vLLM's importance-sampling ratio, computed from the
         stored values at scoring time, is left as it is."""
         inputs = super()._prepare_inputs(generation_batch)
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        generate_every = self.args.steps_per_rollout
         micro_step = trl_compat.rollout_position(self)[0]
         if self.model.training and is_on_policy_micro_step(micro_step, generate_every,
                                                             self.args.gradient_accumulation_steps):

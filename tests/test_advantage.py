@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gigpo_trl.advantage import AdvantageResult, compute_gigpo_advantages
+from gigpo_trl.advantage import (AdvantageResult, EstimatorSettings, anchor_digest, compute_gigpo_advantages,
+                                 returns_to_go)
 
 TOL = 1e-5
 
@@ -349,6 +350,78 @@ def test_anchor_equality_is_by_value_nan_and_signed_zero():
         ids = compute_gigpo_advantages(rewards=np.zeros(4), group_ids=[0] * 4, trajectory_ids=[0, 1, 2, 3],
                                        anchor_states=anchors).anchor_group_ids
         assert ids[0] == ids[1] != ids[2] == ids[3]
+
+
+def test_anchor_digest_matches_the_estimator_where_the_repr_hash_did_not():
+    # Pairs the estimator groups (dict key order, -0.0 vs 0.0, 1 vs 1.0, NaN objects, sets), on which the records'
+    # former repr hash disagreed with it; then pairs that must stay apart.
+    same = [
+        ({"x": 1, "y": "a"}, {"y": "a", "x": 1}),
+        (-0.0, 0.0),
+        ((1, -0.0), (1.0, 0.0)),
+        ({"k": [-0.0]}, {"k": [0.0]}),
+        (float("nan"), pickle.loads(pickle.dumps(float("nan")))),
+        ({"b", "a", "c"}, {"c", "a", "b"}),
+        (np.array([-0.0, 1.0]), np.array([0.0, 1.0])),
+    ]
+    apart = [("1", 1), ((1,), [1]), (b"a", "a"), (np.arange(4), np.arange(4).reshape(2, 2)), ({"x": 1}, {"x": 2})]
+    for a, b in same:
+        assert anchor_digest(a) == anchor_digest(b), (a, b)
+    assert repr({"x": 1, "y": "a"}) != repr({"y": "a", "x": 1}) and repr(-0.0) != repr(0.0)  # the former keys
+    for a, b in apart:
+        assert anchor_digest(a) != anchor_digest(b), (a, b)
+    assert anchor_digest(None) is None and len(anchor_digest("s")) == 16
+    # the estimator groups the raw anchors exactly as their digests do
+    anchors = [x for pair in same + apart for x in pair]
+    n = len(anchors)
+    raw = compute_gigpo_advantages(rewards=np.zeros(n), group_ids=[0] * n, trajectory_ids=list(range(n)),
+                                   anchor_states=anchors).anchor_group_ids
+    digests = compute_gigpo_advantages(rewards=np.zeros(n), group_ids=[0] * n, trajectory_ids=list(range(n)),
+                                       anchor_states=[anchor_digest(a) for a in anchors]).anchor_group_ids
+    assert _same_partition(raw, digests)
+
+
+def test_anchor_digest_is_the_same_in_another_process():
+    # sets and dicts hash their str members with a per-process seed: the digest must not depend on it
+    import subprocess
+    import sys
+
+    code = ("from gigpo_trl.advantage import anchor_digest; "
+            "print(anchor_digest({'k': {'a', 'b', 'c', 'd'}, 'z': ('x', -0.0)}))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout.strip()
+            for seed in ("1", "2")}
+    assert outs == {anchor_digest({"z": ("x", 0.0), "k": {"d", "c", "b", "a"}})}
+
+
+def test_returns_to_go_hand_computed():
+    # trajectories a: r = 0, 0, 1 and b: r = 1, 2 interleaved; gamma 0.5: a -> 0.25, 0.5, 1; b -> 2, 2
+    g = returns_to_go([0.0, 1.0, 0.0, 2.0, 1.0], ["a", "b", "a", "b", "a"], 0.5)
+    np.testing.assert_allclose(g, [0.25, 2.0, 0.5, 2.0, 1.0])
+
+
+def test_settings_value_equals_keywords_and_round_trips():
+    settings = EstimatorSettings(gamma=0.5, mode="mean_std_norm", invalid_action_penalty=0.2)
+    rows = _rows(REFERENCE)
+    g, t, a, r = (list(c) for c in zip(*rows))
+    by_value = compute_gigpo_advantages(r, g, t, a, None, settings)
+    by_keywords = compute_gigpo_advantages(r, g, t, a, gamma=0.5, mode="mean_std_norm", invalid_action_penalty=0.2)
+    np.testing.assert_array_equal(by_value.advantages, by_keywords.advantages)
+    # a keyword overrides the value's setting
+    np.testing.assert_array_equal(compute_gigpo_advantages(r, g, t, a, settings=settings, gamma=0.95).advantages,
+                                  compute_gigpo_advantages(r, g, t, a, mode="mean_std_norm",
+                                                           invalid_action_penalty=0.2).advantages)
+    import json
+
+    assert EstimatorSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    assert EstimatorSettings.from_dict({"gamma": 0.5}) == EstimatorSettings(gamma=0.5)  # missing: the default
+    with pytest.raises(TypeError, match="unknown estimator setting.*'gama'"):
+        EstimatorSettings.from_dict({"gama": 0.5})
+    with pytest.raises(TypeError, match="unknown estimator setting.*'gama'"):
+        compute_gigpo_advantages(r, g, t, a, gama=0.5)
+    with pytest.raises(ValueError, match="gamma must be finite and in"):
+        settings.replace(gamma=2.0)
+    assert EstimatorSettings(gamma=1, hierarchy_depth=np.int64(3)).gamma == 1.0
 
 
 def test_anchor_2d_array_rows():

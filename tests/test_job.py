@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gigpo_trl.advantage import EstimatorSettings
 from gigpo_trl.job import DEBUG_ENV, EXAMPLE_DEFAULTS, build_parser, check_output_dir, main, model_card, run
 from gigpo_trl.models import CACHE_NAME, DEFAULT_MODEL_HUB_ID
 
@@ -79,8 +80,8 @@ def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir,
 
 def test_model_card_lists_settings_and_rates():
     class Args:
-        step_advantage_weight, gamma, advantage_mode, episode_stats = 0.0, 0.95, "mean_norm", "rows"
-        invalid_action_penalty, anchor_similarity_threshold, num_generations, max_turns = 0.1, None, 8, 50
+        estimator_settings = EstimatorSettings(step_advantage_weight=0.0)
+        num_generations, max_turns = 8, 50
         history_length, learning_rate, beta, max_steps, max_completion_length = 2, 1e-6, 0.01, 150, 512
 
     class Job:
@@ -91,7 +92,7 @@ def test_model_card_lists_settings_and_rates():
                                                                                      "num_tasks": 8}})
     assert "base_model: Qwen/Qwen2.5-1.5B-Instruct" in card and "(bundled data)" in card
     assert "LoRA adapter for `Qwen/Qwen2.5-1.5B-Instruct`" in card
-    assert "| step_advantage_weight | 0.0 |" in card and "| max_turns | 50 |" in card
+    assert "| step_advantage_weight | 0.0 |" in card and "| max_turns | 50 |" in card and "| mode | mean_norm |" in card
     assert "| before | 0.125 | 8 |" in card and "| after | 0.500 | 8 |" in card
     assert "library_name: peft" in card
     # full fine-tuning (the paper configs): no peft metadata, and the card says what was trained

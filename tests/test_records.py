@@ -16,7 +16,7 @@ import pytest
 from toy_env import NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
-from gigpo_trl.records import RECORD_FIELDS, load_records, record_files, row_records, write_records
+from gigpo_trl.records import RECORD_FIELDS, load_records, load_settings, record_files, row_records, write_records
 from gigpo_trl.report import build_report, estimator_values, eval_label, main
 from gigpo_trl.rollout import StepRow, TrajectoryRecord
 
@@ -142,7 +142,9 @@ def test_records_every_n_iterations(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer.train()
     assert sorted(record_files(tmp_path / "run")) == [1, 3]
     settings = json.loads((tmp_path / "run" / "records" / "settings.json").read_text())
-    assert settings["gamma"] == 0.95 and settings["rollout_records_every"] == 2
+    assert settings["estimator"] == args.estimator_settings.to_dict() and settings["estimator"]["gamma"] == 0.95
+    assert settings["rollout_records_every"] == 2 and settings["num_processes"] == 1
+    assert load_settings(tmp_path / "run")[0] == args.estimator_settings  # the settings round-trip through JSON
 
 
 # ---------------------------------------------------------------------------------------------------- a hand-built group
@@ -165,7 +167,7 @@ def hand_built_run(folder, observation="position 0", completion="<think>go</thin
         trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows], gamma=0.5)
     records = row_records(rows, trajs, 0.5, result, 0, split="train", iteration=1, global_step=0, rank=0)
     write_records(folder / "records" / "train" / "iteration_000001.rank0.jsonl.gz", records)
-    (folder / "records" / "settings.json").write_text(json.dumps({"gamma": 0.5, "advantage_mode": "mean_norm"}))
+    (folder / "records" / "settings.json").write_text(json.dumps({"estimator": {"gamma": 0.5, "mode": "mean_norm"}}))
     history = [{"step": 1, "loss": 0.1, "episode/success_rate": 0.5, "episode/return_mean": 0.5,
                 "episode/invalid_action_rate": 0.0, "anchor/singleton_fraction": 0.0},
                {"step": 1, "eval_after_success_rate": 1.0, "eval_after_return_mean": 1.0}]
@@ -178,7 +180,7 @@ def test_hand_built_group_values_and_graph(tmp_path):
     assert [r["A_S"] for r in records] == pytest.approx([0.25, -0.25, 0.5, -0.5])
     assert [r["A_E"] for r in records] == pytest.approx([0.5, -0.5, 0.5, -0.5])
     assert [r["return_to_go"] for r in records] == pytest.approx([0.5, 0.0, 1.0, 0.0])
-    values = estimator_values(records, {"gamma": 0.5, "advantage_mode": "mean_norm"})
+    values = estimator_values(records, load_settings(tmp_path)[0])
     assert values["GiGPO A_S (step)"] == pytest.approx([0.25, -0.25, 0.5, -0.5])
     assert values["GiGPO A = A_E + ω·A_S"] == pytest.approx([0.75, -0.75, 1.0, -1.0])
     assert values["GRPO A (= A_E)"] == pytest.approx([0.5, -0.5, 0.5, -0.5])

@@ -7,9 +7,18 @@ from conftest import capture_rollouts, tiny_train_config, trl_positions
 from toy_env import LineWalkEnv, NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
+from gigpo_trl.advantage import EstimatorSettings
 
 
 make_args = tiny_train_config  # tests/conftest.py
+
+
+def test_config_builds_the_estimator_settings(tmp_path):
+    args = make_args(tmp_path, gamma=0.5, advantage_mode="mean_std_norm", anchor_similarity_threshold=0.8,
+                     invalid_action_penalty=0.2, steps_per_generation=2, num_iterations=3)
+    assert args.estimator_settings == EstimatorSettings(gamma=0.5, mode="mean_std_norm", similarity_threshold=0.8,
+                                                        invalid_action_penalty=0.2)
+    assert args.steps_per_rollout == 6
 
 
 def test_advantages_equal_estimator_on_same_rows(tmp_path, tiny_model_dir, tiny_tokenizer):

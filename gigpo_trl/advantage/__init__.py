@@ -15,11 +15,15 @@ The numerical conventions follow the reference implementation that produced the 
 (invalid-action penalty, per-row episode statistics, ``A_S = 0`` for a singleton step group, ``1e-6`` added
 to the standard deviation), except for a task group left with one trajectory: ``A_E = A_S = 0`` there (see
 :func:`compute_gigpo_advantages`, Notes). The package imports numpy, torch and rapidfuzz only (no Trainer);
-its allowed option values live in :mod:`.options`, which ``GiGPOConfig`` imports.
+its allowed option values live in :mod:`.options`, which ``GiGPOConfig`` imports, and its settings form one value,
+:class:`.settings.EstimatorSettings`, which ``GiGPOConfig`` builds and the rollout records store.
 """
 
 from .estimator import AdvantageResult, compute_gigpo_advantages
+from .gigpo import returns_to_go
 from .options import EPISODE_STATS, MODES, STD_EPS, STEP_GROUPINGS, STEP_RETURNS, WEIGHT_EPS
+from .rows import anchor_digest
+from .settings import EstimatorSettings
 
 __all__ = ["EPISODE_STATS", "MODES", "STD_EPS", "STEP_GROUPINGS", "STEP_RETURNS", "WEIGHT_EPS", "AdvantageResult",
-           "compute_gigpo_advantages"]
+           "EstimatorSettings", "anchor_digest", "compute_gigpo_advantages", "returns_to_go"]

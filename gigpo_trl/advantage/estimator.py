@@ -16,9 +16,9 @@ import torch
 from .gigpo import discounted_returns, episode_relative_advantages, lone_trajectory_rows, step_relative_advantages
 from .hgpo import hierarchical_advantages, history_contexts
 from .graph import graph_returns
-from .options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
-from .rows import (as_rewards, as_scalar, as_valid, check_length, dense_codes, exact_anchor_codes, factorize,
+from .rows import (as_rewards, as_valid, check_length, dense_codes, exact_anchor_codes, factorize,
                    joint_anchor_codes, pair_codes, previous_rows, turn_order)
+from .settings import EstimatorSettings
 from .similarity import similar_anchor_codes
 
 __all__ = ["AdvantageResult", "compute_gigpo_advantages"]
@@ -89,20 +89,11 @@ def compute_gigpo_advantages(
     trajectory_ids: Any,
     anchor_states: Sequence[Any] | np.ndarray | torch.Tensor,
     action_valid: Any = None,
-    gamma: float = 0.95,
-    step_advantage_weight: float = 1.0,
-    mode: str = "mean_norm",
-    invalid_action_penalty: float = 0.1,
-    episode_stats: str = "rows",
-    similarity_threshold: float | None = None,
-    step_grouping: str = "state",
-    hierarchy_depth: int = 2,
-    history_keys: Any = None,
-    hierarchy_alpha: float = 1.0,
-    hierarchy_base_group: bool = False,
-    step_return: str = "discounted",
+    settings: EstimatorSettings | None = None,
+    *,
     next_anchor_states: Sequence[Any] | np.ndarray | torch.Tensor | None = None,
-    graph_normalize_distance: bool = False,
+    history_keys: Any = None,
+    **options: Any,
 ) -> AdvantageResult:
     """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's, or GraphGPO's) for ``R`` rows (agent turns).
 
@@ -125,6 +116,10 @@ def compute_gigpo_advantages(
     action_valid : (R,) bool, optional
         ``False`` rows are penalised by ``invalid_action_penalty``. Default:
         all valid.
+    settings : EstimatorSettings, optional
+        The estimator's options as one value (``GiGPOConfig.estimator_settings``
+        builds it); default ``EstimatorSettings()``. Each option below may
+        also be given as a keyword, which overrides ``settings``'s value.
     gamma : float in [0, 1]
         Discount of the step return ``G_t``.
     step_advantage_weight : float
@@ -265,10 +260,9 @@ def compute_gigpo_advantages(
         non-bool ``hierarchy_base_group`` or ``graph_normalize_distance``,
         unhashable ``next_anchor_states``.
     """
-    s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma, step_advantage_weight, mode,
-                  invalid_action_penalty, episode_stats, similarity_threshold, step_grouping, hierarchy_depth,
-                  history_keys, hierarchy_alpha, hierarchy_base_group, step_return, next_anchor_states,
-                  graph_normalize_distance)
+    settings = (settings or EstimatorSettings()).replace(**options) if options else settings or EstimatorSettings()
+    s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings, history_keys,
+                  next_anchor_states)
     graph_fields = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)) if s.step_return == "graph" else None
     if len(s.r) == 0:
         empty, ids, levels = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, s.depth + 1), dtype=np.int64)
@@ -304,8 +298,9 @@ def compute_gigpo_advantages(
 
 
 @dataclass
-class _Settings:
-    """Checked arguments of :func:`compute_gigpo_advantages`."""
+class _Checked:
+    """Checked arguments of :func:`compute_gigpo_advantages`: the settings, in the papers' symbols, and the
+    converted rewards and validity flags."""
 
     r: np.ndarray
     valid: np.ndarray
@@ -323,48 +318,19 @@ class _Settings:
     normalize_distance: bool
 
 
-def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, gamma, step_advantage_weight, mode,
-              invalid_action_penalty, episode_stats, similarity_threshold, step_grouping, hierarchy_depth,
-              history_keys, hierarchy_alpha, hierarchy_base_group, step_return, next_anchor_states,
-              graph_normalize_distance) -> _Settings:
-    """Check every argument (errors name the argument and the value) and convert rewards / validity flags."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if episode_stats not in EPISODE_STATS:
-        raise ValueError(f"episode_stats must be one of {EPISODE_STATS}, got {episode_stats!r}")
-    gamma = as_scalar(gamma, "gamma", 0.0, 1.0)
-    omega = as_scalar(step_advantage_weight, "step_advantage_weight")
-    penalty = as_scalar(invalid_action_penalty, "invalid_action_penalty")
-    if similarity_threshold is not None:
-        similarity_threshold = as_scalar(similarity_threshold, "similarity_threshold")
-        if not 0.0 < similarity_threshold < 1.0:
-            raise ValueError(f"similarity_threshold must be in (0, 1), got {similarity_threshold!r}")
-    if step_grouping not in STEP_GROUPINGS:
-        raise ValueError(f"step_grouping must be one of {STEP_GROUPINGS}, got {step_grouping!r}")
-    if isinstance(hierarchy_depth, bool) or not isinstance(hierarchy_depth, (int, np.integer)):
-        raise TypeError(f"hierarchy_depth must be an int >= 0, got {type(hierarchy_depth).__name__}")
-    if hierarchy_depth < 0:
-        raise ValueError(f"hierarchy_depth must be an int >= 0, got {hierarchy_depth!r}")
-    alpha = as_scalar(hierarchy_alpha, "hierarchy_alpha", 0.0)
-    if not isinstance(hierarchy_base_group, (bool, np.bool_)):
-        raise TypeError(f"hierarchy_base_group must be a bool, got {type(hierarchy_base_group).__name__}")
-    if step_return not in STEP_RETURNS:
-        raise ValueError(f"step_return must be one of {STEP_RETURNS}, got {step_return!r}")
-    if not isinstance(graph_normalize_distance, (bool, np.bool_)):
-        raise TypeError(f"graph_normalize_distance must be a bool, got {type(graph_normalize_distance).__name__}")
-    if step_return == "graph":
-        if next_anchor_states is None:
-            raise ValueError("step_return='graph' needs next_anchor_states (the anchor each row's action led to)")
-        if step_grouping != "state":
-            raise ValueError(f"step_return='graph' uses GiGPO's step groups: step_grouping must be 'state', got "
-                             f"{step_grouping!r}")
-        if similarity_threshold is not None:
-            raise ValueError(f"step_return='graph' matches states exactly (its graph's nodes): similarity_threshold "
-                             f"must be None, got {similarity_threshold!r}")
+def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings: EstimatorSettings,
+              history_keys, next_anchor_states) -> _Checked:
+    """Check the row arguments (errors name the argument and the value; ``settings`` checked itself when built)
+    and convert rewards / validity flags."""
+    if not isinstance(settings, EstimatorSettings):
+        raise TypeError(f"settings must be an EstimatorSettings, got {type(settings).__name__}")
+    if settings.step_return == "graph" and next_anchor_states is None:
+        raise ValueError("step_return='graph' needs next_anchor_states (the anchor each row's action led to)")
     if history_keys is not None:
         warnings.warn("history_keys is deprecated and ignored (it will be removed in the next release): HGPO's "
                       "contexts are derived from anchor_states and the turn order", DeprecationWarning, stacklevel=3)
-    hierarchical = step_grouping == "hierarchical"
+    hierarchical = settings.step_grouping == "hierarchical"
+    omega = settings.step_advantage_weight
     if hierarchical and omega != 1.0:
         warnings.warn(f"step_advantage_weight={omega} is not used by step_grouping='hierarchical': HGPO's advantage "
                       "is its weighted step advantage alone (the episode advantage enters only as the "
@@ -374,11 +340,12 @@ def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, g
     check_length(group_ids, "group_ids", n)
     check_length(trajectory_ids, "trajectory_ids", n)
     check_length(anchor_states, "anchor_states", n)
-    if step_return == "graph":
+    if settings.step_return == "graph":
         check_length(next_anchor_states, "next_anchor_states", n)
-    return _Settings(r, as_valid(action_valid, n), gamma, omega, penalty, mode, episode_stats, similarity_threshold,
-                     step_grouping, int(hierarchy_depth) if hierarchical else 0, alpha, bool(hierarchy_base_group),
-                     step_return, bool(graph_normalize_distance))
+    return _Checked(r, as_valid(action_valid, n), settings.gamma, omega, settings.invalid_action_penalty,
+                    settings.mode, settings.episode_stats, settings.similarity_threshold, settings.step_grouping,
+                    settings.hierarchy_depth if hierarchical else 0, settings.hierarchy_alpha,
+                    settings.hierarchy_base_group, settings.step_return, settings.graph_normalize_distance)
 
 
 @dataclass

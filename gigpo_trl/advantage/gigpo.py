@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .options import STD_EPS
+from .rows import as_rewards, check_length, factorize, turn_order
 
 
 def discounted_returns(r: np.ndarray, nxt: np.ndarray, turn: np.ndarray, gamma: float) -> np.ndarray:
@@ -33,6 +34,17 @@ def discounted_returns(r: np.ndarray, nxt: np.ndarray, turn: np.ndarray, gamma: 
         rows = rows_by_turn[bounds[t - 1] if t else 0:bounds[t]]
         G[rows] = r[rows] + gamma * G[nxt[rows]]
     return G[:n]
+
+
+def returns_to_go(rewards, trajectory_ids, gamma: float) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}`` ``(R,)`` of raw rewards (no invalid-action penalty), rows given as to the
+    estimator: ``trajectory_ids`` ``(R,)`` hashable, each trajectory's rows in turn order (see
+    :func:`discounted_returns`). What the rollout records call ``return_to_go``."""
+    r = as_rewards(rewards)
+    check_length(trajectory_ids, "trajectory_ids", len(r))
+    traj, _ = factorize(trajectory_ids, "trajectory_ids")
+    nxt, turn = turn_order(traj)
+    return discounted_returns(r, nxt, turn, gamma)
 
 
 def group_moments(values: np.ndarray, segments: np.ndarray, n_segments: int, ddof: int = 1):

@@ -8,6 +8,7 @@ linked in turn order. Everything downstream is segment arithmetic on these codes
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import math
 from typing import Any
@@ -208,6 +209,42 @@ def anchor_key(x: Any) -> Any:
     except TypeError:
         raise TypeError(f"unhashable anchor of type {tx.__name__}") from None
     return x
+
+
+def anchor_digest(x: Any) -> str | None:
+    """A short label of an anchor state that is equal exactly when :func:`anchor_key` is: the first 16 hex digits
+    of the BLAKE2b hash of a canonical text of the key (``None`` for ``None``).
+
+    The text is the same in every process (sets and dicts are sorted by their members' text, numbers that compare
+    equal are written alike: ``1``, ``1.0`` and ``True``), so labels written by different processes or runs match.
+    An object of another hashable type is written by its ``repr``.
+    """
+    if x is None:
+        return None
+    text = _canonical_text(anchor_key(x))
+    return hashlib.blake2b(text.encode("utf-8", "backslashreplace"), digest_size=8).hexdigest()
+
+
+def _canonical_text(k: Any) -> str:
+    """The text of one :func:`anchor_key` result (see :func:`anchor_digest`)."""
+    if isinstance(k, str):
+        return "s" + repr(str(k))
+    if isinstance(k, bytes):
+        return "b" + k.hex()
+    if isinstance(k, _Tag):
+        return f"<{k.name}>"
+    if isinstance(k, tuple):
+        return "(" + ",".join(map(_canonical_text, k)) + ")"
+    if isinstance(k, frozenset):
+        return "{" + ",".join(sorted(map(_canonical_text, k))) + "}"
+    if isinstance(k, (bool, int, np.integer)):
+        return f"n{int(k)}"
+    if isinstance(k, (float, np.floating)):
+        v = float(k)
+        return f"n{int(v)}" if math.isfinite(v) and v.is_integer() else f"n{v!r}"
+    if isinstance(k, (complex, np.complexfloating)):
+        return _canonical_text(k.real) if k.imag == 0 else f"c({_canonical_text(k.real)},{_canonical_text(k.imag)})"
+    return "o" + repr(k)
 
 
 def exact_anchor_codes(anchor_states: Any) -> tuple[np.ndarray, int]:
