@@ -344,6 +344,6 @@ def test_recorder_is_an_observer_that_needs_only_the_config(tmp_path):
     recorder.on_evaluation(batch, RolloutContext("eval", rank=0, global_step=5, name="eval_before"))
     assert [p.name for p in (tmp_path / "records" / "eval").iterdir()] == ["eval_before.step000005.rank0.jsonl.gz"]
     settings = json.loads((tmp_path / "records" / "settings.json").read_text())  # written by rank 0 only
-    assert (settings["gamma"], settings["num_processes"], settings["rollout_records_every"]) == (0.5, 2, 2)
+    assert (settings["estimator"]["gamma"], settings["num_processes"], settings["rollout_records_every"]) == (0.5, 2, 2)
     args.rollout_records = False  # read at each event
     assert recorder.record_iteration(batch, None, RolloutContext("train", iteration=5)) is None
