@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -73,7 +74,10 @@ def main() -> None:
     from trl.trainer.utils import add_fused_lm_head
 
     from gigpo_trl.microbatch import pack_rows, pack_rows_shared
-    from gigpo_trl.prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps, unshared_logps
+    from gigpo_trl.prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from conftest import unshared_logps  # the unshared reference forward of the tests
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=cli.layers,

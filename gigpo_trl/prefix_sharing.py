@@ -334,16 +334,3 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
     logps = out.log_probs[:, -c:]
     entropies = out.entropy[:, -c:] if compute_entropy else None
     return logps, entropies
-
-
-def unshared_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
-                   autocast=None):
-    """The unshared reference forward (what TRL's ``_get_per_token_logps_and_entropies`` does for one chunk, with
-    positions from the mask as :func:`gigpo_trl.positions.install_mask_positions` makes them)."""
-    enter = autocast if autocast is not None else contextlib.nullcontext
-    mask = attention_mask.long()
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    with enter():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                    labels=_labels(input_ids, attention_mask, logits_to_keep), fused_lm_head=True)
-    return out.log_probs[:, -logits_to_keep:], (out.entropy[:, -logits_to_keep:] if compute_entropy else None)

@@ -216,7 +216,7 @@ class RolloutRecorder(RolloutObserver):
 
     @property
     def enabled(self) -> bool:
-        return bool(getattr(self.args, "rollout_records", False))
+        return bool(self.args.rollout_records)
 
     def _folder(self) -> Path:
         return records_dir(self.args.output_dir)
@@ -246,7 +246,7 @@ class RolloutRecorder(RolloutObserver):
             return None
         args = self.args
         iteration = context.iteration
-        every = max(1, int(getattr(args, "rollout_records_every", 1) or 1))
+        every = args.rollout_records_every
         if iteration is None or (iteration - 1) % every:
             return None
         rank = context.rank

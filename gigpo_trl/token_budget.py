@@ -266,7 +266,7 @@ class TokenBudgetMixin:
         ``share_prompt_prefix`` off, the model's attention (:func:`~gigpo_trl.prefix_sharing.unsupported_reason`),
         reentrant gradient checkpointing in a training forward (its replay cannot send gradient back into a
         prefix computed outside the checkpointed layer)."""
-        if not getattr(self.args, "share_prompt_prefix", False):
+        if not self.args.share_prompt_prefix:
             return "share_prompt_prefix=False"
         cache = vars(self).setdefault("_prefix_sharing_checked", {})
         if id(model) not in cache:

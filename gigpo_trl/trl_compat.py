@@ -23,7 +23,6 @@ private name                                                 use       contract 
 ``GRPOTrainer._buffered_inputs``                             r/w       ``test_rollout_position``
 ``GRPOTrainer._prepare_inputs(generation_batch)``            hook      ``test_prepare_inputs_hook``
 ``GRPOTrainer._compute_loss``: no π_old → own log-probs      relies    ``test_prepare_inputs_hook``
-``GRPOTrainer._entropy_bonus_enabled`` (tests only)          write     ``test_entropy_bonus_flag``
 TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_forward_positions_from_mask``
 ``GRPOTrainer._tag_names / _name / _paper``                  class     ``test_model_card_class_attributes``
 ``GRPOTrainer._generate_single_turn(ids, images, mm, n)``    call      ``test_generate_single_turn``
@@ -141,13 +140,6 @@ def iter_named_params(vllm_generation):
     """``(name, tensor)`` pairs of the trainer's weights as TRL's vLLM sync pushes them (PEFT merged, ZeRO-3 / FSDP
     gathered). Relies on ``VLLMGeneration._iter_named_params()``."""
     return vllm_generation._iter_named_params()
-
-
-def set_entropy_coef(trainer, coef: float) -> None:
-    """Set TRL's entropy bonus coefficient after init (tests). Relies on ``_compute_loss`` adding the bonus only when
-    ``_entropy_bonus_enabled``, which ``GRPOTrainer.__init__`` sets once from ``entropy_coef`` (or adaptive)."""
-    trainer.entropy_coef = coef
-    trainer._entropy_bonus_enabled = coef != 0.0 or bool(getattr(trainer, "use_adaptive_entropy", False))
 
 
 # ---------------------------------------------------------------- TRL VLLMGeneration: the weight walk

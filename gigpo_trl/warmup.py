@@ -343,7 +343,7 @@ def build_sft_trainer(trainer, dataset, stats: dict, epochs: float, learning_rat
     from trl import SFTConfig, SFTTrainer
 
     args = trainer.args
-    budget = getattr(args, "max_tokens_per_microbatch", None)
+    budget = args.max_tokens_per_microbatch
     micro = batch_size if budget is None else max(1, min(batch_size, budget // stats["max_tokens"]))
     config = SFTConfig(
         output_dir=f"{args.output_dir}/warmup", num_train_epochs=epochs, learning_rate=learning_rate,

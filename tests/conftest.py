@@ -64,6 +64,30 @@ def capture_rollouts(trainer, modes=("train", "eval")) -> list:
     return batches
 
 
+def set_entropy_coef(trainer, coef: float) -> None:
+    """Set TRL's entropy bonus coefficient after init. Relies on ``GRPOTrainer._compute_loss`` adding the bonus only
+    when ``_entropy_bonus_enabled``, which ``GRPOTrainer.__init__`` sets once from ``entropy_coef`` (or adaptive);
+    ``tests/test_trl_compat.py::test_entropy_bonus_flag`` pins that contract."""
+    trainer.entropy_coef = coef
+    trainer._entropy_bonus_enabled = coef != 0.0 or bool(getattr(trainer, "use_adaptive_entropy", False))
+
+
+def unshared_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
+                   autocast=None):
+    """The reference forward that shared prefixes must match: what TRL's ``_get_per_token_logps_and_entropies`` does
+    for one chunk, with positions from the mask as :func:`gigpo_trl.positions.install_mask_positions` makes them.
+    Returns ``(log-probs, entropies or None)`` of the last ``logits_to_keep`` columns."""
+    enter = autocast if autocast is not None else contextlib.nullcontext
+    mask = attention_mask.long()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    labels = input_ids.masked_fill(mask == 0, -100)
+    labels[:, :-logits_to_keep] = -100
+    with enter():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, labels=labels,
+                    fused_lm_head=True)
+    return out.log_probs[:, -logits_to_keep:], (out.entropy[:, -logits_to_keep:] if compute_entropy else None)
+
+
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

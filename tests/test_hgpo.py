@@ -301,12 +301,11 @@ def test_numpy_and_torch_inputs_agree():
     np.testing.assert_array_equal(res.level_group_sizes.numpy(), ref.level_group_sizes)
 
 
-def test_history_keys_are_deprecated_and_ignored():
+def test_history_keys_is_not_an_option():
+    """HGPO's contexts come from the anchors and the turn order; a ``history_keys=`` argument is refused by name."""
     rows = _random_rows(8)
-    ref = _run(rows, step_grouping="hierarchical", hierarchy_depth=2)
-    with pytest.warns(DeprecationWarning, match="history_keys is deprecated and ignored"):
-        res = _run(rows, step_grouping="hierarchical", hierarchy_depth=2, history_keys=[("junk",)] * len(rows))
-    np.testing.assert_array_equal(res.advantages, ref.advantages)
+    with pytest.raises(TypeError, match=r"unknown estimator setting\(s\) \['history_keys'\]; allowed: \['episode_stats'"):
+        _run(rows, step_grouping="hierarchical", hierarchy_depth=2, history_keys=[("junk",)] * len(rows))
 
 
 def test_omega_does_not_apply_and_warns():

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 from toy_env import NoisyLineWalkEnv
-from conftest import capture_rollouts, tiny_train_config as make_args
+from conftest import capture_rollouts, set_entropy_coef, tiny_train_config as make_args
 
-from gigpo_trl import GiGPOConfig, GiGPOTrainer, trl_compat
+from gigpo_trl import GiGPOConfig, GiGPOTrainer
 from gigpo_trl.config import BUDGET_LOSS_TYPES
 from gigpo_trl.microbatch import pack_rows, padded, row_lengths, sub_batch_widths, take_rows
 
@@ -321,15 +321,15 @@ def test_budget_off_entropy_bonus_keeps_trls_scaling(bf16_trainer):
     trainer.args.max_tokens_per_microbatch, trainer.loss_type = None, "grpo"
     try:
         with torch.no_grad():
-            trl_compat.set_entropy_coef(trainer, 0.0)
+            set_entropy_coef(trainer, 0.0)
             no_bonus = float(trainer.compute_loss(trainer.model, padded))
-            trl_compat.set_entropy_coef(trainer, 0.5)
+            set_entropy_coef(trainer, 0.5)
             ours = float(trainer.compute_loss(trainer.model, padded))
             trl_own = float(GRPOTrainer.compute_loss(trainer, trainer.model, alone))
             scaled_all = float(GRPOTrainer.compute_loss(trainer, trainer.model, padded)) * 16 / 10
     finally:
         trainer.args.max_tokens_per_microbatch, trainer.loss_type = saved[:2]
-        trl_compat.set_entropy_coef(trainer, saved[2])
+        set_entropy_coef(trainer, saved[2])
     assert abs(ours - no_bonus) > 0.1  # the bonus takes part
     assert ours == trl_own
     assert abs(scaled_all - ours) > 0.05  # what B/R on the whole loss gave: 0.6 x the bonus too much

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import unshared_logps
+
 from gigpo_trl.prefix_sharing import (PrefixPlan, plan_prefix_groups, prompts_from_batch, shared_prefix_logps,
-                                      unshared_logps, unsupported_reason)
+                                      unsupported_reason)
 
 C = 6
 

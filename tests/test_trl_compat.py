@@ -24,7 +24,7 @@ import transformers
 import trl
 from accelerate.state import GradientState
 from toy_env import NoisyLineWalkEnv
-from conftest import tiny_train_config as make_args
+from conftest import set_entropy_coef, tiny_train_config as make_args
 from transformers import Trainer
 from trl import GRPOTrainer
 
@@ -358,12 +358,12 @@ def test_entropy_bonus_flag(trainer):
         assert "if self._entropy_bonus_enabled" in source(GRPOTrainer._compute_loss)
         saved = trainer.entropy_coef
         try:
-            trl_compat.set_entropy_coef(trainer, 0.5)
+            set_entropy_coef(trainer, 0.5)
             assert trainer._entropy_bonus_enabled is True and trainer.entropy_coef == 0.5
-            trl_compat.set_entropy_coef(trainer, 0.0)
+            set_entropy_coef(trainer, 0.0)
             assert trainer._entropy_bonus_enabled is False
         finally:
-            trl_compat.set_entropy_coef(trainer, saved)
+            set_entropy_coef(trainer, saved)
 
 
 def test_forward_positions_from_mask(trainer):

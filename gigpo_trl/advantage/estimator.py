@@ -92,7 +92,6 @@ def compute_gigpo_advantages(
     settings: EstimatorSettings | None = None,
     *,
     next_anchor_states: Sequence[Any] | np.ndarray | torch.Tensor | None = None,
-    history_keys: Any = None,
     **options: Any,
 ) -> AdvantageResult:
     """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's, or GraphGPO's) for ``R`` rows (agent turns).
@@ -157,10 +156,6 @@ def compute_gigpo_advantages(
         ``K`` (the recipe's ``history_length``): the longest context of
         ``"hierarchical"`` holds the current and ``K`` previous anchor states
         (ignored for ``"state"``).
-    history_keys : ignored
-        Deprecated (a ``DeprecationWarning`` when given; removed in the next
-        release): HGPO's contexts now come from ``anchor_states`` and the
-        turn order alone.
     hierarchy_alpha : float >= 0
         ``alpha`` of the level weights ``(k + 2)^alpha`` (the recipe's
         ``length_weight_alpha``, 1.0 in its scripts; 0 weighs every item
@@ -261,8 +256,7 @@ def compute_gigpo_advantages(
         unhashable ``next_anchor_states``.
     """
     settings = (settings or EstimatorSettings()).replace(**options) if options else settings or EstimatorSettings()
-    s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings, history_keys,
-                  next_anchor_states)
+    s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings, next_anchor_states)
     graph_fields = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)) if s.step_return == "graph" else None
     if len(s.r) == 0:
         empty, ids, levels = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, s.depth + 1), dtype=np.int64)
@@ -319,16 +313,13 @@ class _Checked:
 
 
 def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings: EstimatorSettings,
-              history_keys, next_anchor_states) -> _Checked:
+              next_anchor_states) -> _Checked:
     """Check the row arguments (errors name the argument and the value; ``settings`` checked itself when built)
     and convert rewards / validity flags."""
     if not isinstance(settings, EstimatorSettings):
         raise TypeError(f"settings must be an EstimatorSettings, got {type(settings).__name__}")
     if settings.step_return == "graph" and next_anchor_states is None:
         raise ValueError("step_return='graph' needs next_anchor_states (the anchor each row's action led to)")
-    if history_keys is not None:
-        warnings.warn("history_keys is deprecated and ignored (it will be removed in the next release): HGPO's "
-                      "contexts are derived from anchor_states and the turn order", DeprecationWarning, stacklevel=3)
     hierarchical = settings.step_grouping == "hierarchical"
     omega = settings.step_advantage_weight
     if hierarchical and omega != 1.0:

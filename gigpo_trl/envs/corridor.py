@@ -34,7 +34,7 @@ the two doors of a room succeeds within ``max_turns`` = 2 * ``length`` turns wit
 binomial: at most ``length / 2`` wrong doors over ``length`` rooms). After ``max_turns`` turns the episode is
 cut (``done=True``, ``info["truncated"] = True``).
 
-Options for the learning benchmark's map (issue 35; all off by default, so the defaults above are unchanged):
+Options for the learning benchmark's map (all off by default, so the defaults above are unchanged):
 
 - ``nuisance``: a second observation line that carries no information about the state, as many real
   environments show. ``"turn"``: ``turn T`` (the turns taken so far: the same place reached after a different
