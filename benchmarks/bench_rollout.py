@@ -84,7 +84,8 @@ import torch  # noqa: E402
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages  # noqa: E402
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv  # noqa: E402
 from gigpo_trl.models import build_tiny_model  # noqa: E402
-import learning  # noqa: E402
+from learning import settings as learning_settings  # noqa: E402  (benchmarks/learning/)
+from learning import testbeds, warmup  # noqa: E402
 from results_io import is_default_run, write_result  # noqa: E402
 
 TARGET_RATIO = 1.15
@@ -292,16 +293,16 @@ def main(argv=None) -> int:
 
     # the learning benchmark's FrozenLake 4x4 testbed, its tokenizer, and its legal-move warm-up cut short: the
     # policy must answer in format (so rollouts run whole episodes), not play well
-    la = learning.parse_args(["--testbed", "frozenlake4", "--max_turns", str(a.max_turns), "--history_length",
+    la = learning_settings.parse_args(["--testbed", "frozenlake4", "--max_turns", str(a.max_turns), "--history_length",
                               str(a.history_length), "--hidden", str(a.hidden), "--layers", str(a.layers),
                               "--warmup_steps", str(a.warmup_steps), "--warmup_max_steps", str(a.warmup_steps),
                               "--warmup_restart_steps", "0"])
     la.warmup_fail_soft = True  # a short warm-up misses the legal-move target by design
-    env_factory = learning.env_factory_for(la)
-    tok = learning.make_tokenizer(la, env_factory, la.vocab)
+    env_factory = testbeds.env_factory_for(la)
+    tok = testbeds.make_tokenizer(la, env_factory, la.vocab)
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=0)
-    warm = learning.legal_move_warmup(model, tok, la, env_factory, list(range(256)), seed=0)
-    check = learning.check_warmup(model, tok, la, env_factory, list(range(256)), n=64, seed=1)
+    warm = warmup.legal_move_warmup(model, tok, la, env_factory, list(range(256)), seed=0)
+    check = warmup.check_warmup(model, tok, la, env_factory, list(range(256)), n=64, seed=1)
     print(f"tiny model {sum(p.numel() for p in model.parameters()) / 1e3:.0f}k params, legal-move warm-up "
           f"{warm['steps']} steps ({warm['seconds']:.0f}s, loss {warm['loss']:.3f}; sampled: valid format "
           f"{check['valid_format']:.2f}, legal {check['legal']:.2f}); torch threads {torch.get_num_threads()}")

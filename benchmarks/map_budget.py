@@ -26,9 +26,9 @@ def main(argv=None) -> None:
     cli = build_parser().parse_args(argv)
     design, cells = cli.design, cli.cells
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import learning
+    from learning.runner import load_runs
 
-    runs = learning.load_runs([f"{design}/runs.jsonl"])
+    runs = load_runs([f"{design}/runs.jsonl"])
     warm = json.load(open(f"{design}/warmups.json"))
     its = {s: r["iters_to_50pct_train"] for (s, _), r in sorted(runs.items())}
     print("per-seed iterations until the 5-iteration running mean of training success >= 0.5:", its)

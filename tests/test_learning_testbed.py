@@ -1,4 +1,4 @@
-"""The learning benchmark's testbed (benchmarks/learning.py): DoorCorridor names doors instead of directions but
+"""The learning benchmark's testbed (benchmarks/learning/): DoorCorridor names doors instead of directions but
 must stay CorridorEnv underneath (same observations, rewards, anchors), and must not leak which door leads on."""
 
 import os
@@ -7,13 +7,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
-import learning  # noqa: E402  (benchmarks/learning.py)
+from learning import runner, settings, statistics, testbeds, warmup  # noqa: E402  (benchmarks/learning/)
 
 from gigpo_trl.envs.corridor import CorridorEnv  # noqa: E402
 
 
 def make():
-    return learning.DoorCorridor(length=12, max_turns=30, directions=2)
+    return testbeds.DoorCorridor(length=12, max_turns=30, directions=2)
 
 
 def test_door_actions_on_task_5_by_hand():
@@ -79,39 +79,39 @@ import pytest  # noqa: E402
 
 
 def test_eval_schedule_by_hand():
-    assert learning.eval_schedule(60, 5, 10) == [10, 20, 30, 40, 50, 55, 60]
-    assert learning.eval_schedule(30, 5, 5) == [5, 10, 15, 20, 25, 30]
-    assert learning.eval_schedule(45, 5, 10) == [10, 20, 30, 35, 40, 45]
-    assert learning.eval_schedule(3, 1, 1) == [1, 2, 3]
+    assert statistics.eval_schedule(60, 5, 10) == [10, 20, 30, 40, 50, 55, 60]
+    assert statistics.eval_schedule(30, 5, 5) == [5, 10, 15, 20, 25, 30]
+    assert statistics.eval_schedule(45, 5, 10) == [10, 20, 30, 35, 40, 45]
+    assert statistics.eval_schedule(3, 1, 1) == [1, 2, 3]
     with pytest.raises(ValueError, match="iterations=14"):
-        learning.eval_schedule(14, 5, 10)
+        statistics.eval_schedule(14, 5, 10)
 
 
 def test_auc_is_the_trapezoid_over_uneven_points_divided_by_the_span():
     pts = [{"iteration": 0, "sampled": 0.0}, {"iteration": 10, "sampled": 0.2}, {"iteration": 20, "sampled": 0.6},
            {"iteration": 25, "sampled": 0.6}, {"iteration": 30, "sampled": 1.0}]
     # 10 * 0.1 + 10 * 0.4 + 5 * 0.6 + 5 * 0.8 = 1 + 4 + 3 + 4 = 12, over 30 iterations
-    assert learning.auc(pts) == pytest.approx(12 / 30)
-    assert learning.auc(list(reversed(pts))) == pytest.approx(0.4)
-    assert learning.auc([{"iteration": 0, "sampled": 0.3}, {"iteration": 7, "sampled": 0.3}]) == pytest.approx(0.3)
+    assert statistics.auc(pts) == pytest.approx(12 / 30)
+    assert statistics.auc(list(reversed(pts))) == pytest.approx(0.4)
+    assert statistics.auc([{"iteration": 0, "sampled": 0.3}, {"iteration": 7, "sampled": 0.3}]) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="2 distinct iterations"):
-        learning.auc([{"iteration": 5, "sampled": 0.3}])
+        statistics.auc([{"iteration": 5, "sampled": 0.3}])
 
 
 _TOK = {}
 
 
 def _setup(argv=()):
-    a = learning.parse_args(list(argv))
-    factory = learning.env_factory_for(a)
+    a = settings.parse_args(list(argv))
+    factory = testbeds.env_factory_for(a)
     if "tok" not in _TOK:
-        _TOK["tok"] = learning.make_tokenizer(a, factory, a.vocab)
+        _TOK["tok"] = testbeds.make_tokenizer(a, factory, a.vocab)
     return a, factory, _TOK["tok"]
 
 
 def test_warmup_batch_targets_every_legal_door_once_so_passages_and_dead_ends_balance():
     a, factory, tok = _setup(["--warmup_batch", "32"])
-    ids, att, lab = learning.warmup_batch(tok, a, factory(), random.Random(3), list(range(256)))
+    ids, att, lab = warmup.warmup_batch(tok, a, factory(), random.Random(3), list(range(256)))
     targets = [tok.decode([t for t in row.tolist() if t != -100], skip_special_tokens=True) for row in lab]
     doors = [t.split("<action>")[1].split("</action>")[0] for t in targets]
     passages = sum(d in ("arch", "stairs") for d in doors)
@@ -151,7 +151,7 @@ def test_report_only_merges_split_runs_into_the_hand_computed_gaps(tmp_path):
                                      _run(203, "GiGPO", 0.9, 0.9, 0.9)],  # 203 lacks GRPO: not reported
                     {"202": warm | {"steps": 900}}, wall=500.0)
     out = tmp_path / "merged"
-    assert learning.main(["--report_only", "--runs", first, second, "--output_dir", str(out)]) == 0
+    assert runner.main(["--report_only", "--runs", first, second, "--output_dir", str(out)]) == 0
     d = json.loads((out / "learning.json").read_text())
     assert d["seeds"] == [200, 201, 202] and d["is_headline"] is False
     assert d["primary_metric"]["key"] == "headline_sampled" and d["primary_metric"]["gap"] == "GiGPO-GRPO/T=1"
@@ -174,11 +174,11 @@ def test_report_only_refuses_duplicate_runs_and_mixed_settings(tmp_path):
     first = _write(tmp_path / "a", [_run(200, "GiGPO", 0.5, 0.0, 0.3), _run(200, "GRPO", 0.4, 0.0, 0.2)])
     dup = _write(tmp_path / "b", [_run(200, "GRPO", 0.1, 0.0, 0.1)])
     with pytest.raises(ValueError, match="seed 200 arm GRPO appears twice"):
-        learning.load_runs([first, dup])
+        runner.load_runs([first, dup])
     other = _run(201, "GRPO", 0.1, 0.0, 0.1) | {"run_settings": {"iterations": 60}}
     mixed = _write(tmp_path / "c", [other])
     with pytest.raises(ValueError, match="different settings"):
-        learning.load_runs([first, mixed])
+        runner.load_runs([first, mixed])
 
 
 def test_runs_made_before_the_map_keys_merge_with_runs_at_their_defaults(tmp_path):
@@ -187,11 +187,11 @@ def test_runs_made_before_the_map_keys_merge_with_runs_at_their_defaults(tmp_pat
     new_settings = {"iterations": 30, "nuisance": None, "trap_door": False, "condition": None,
                     "anchor_drops_nuisance": False, "anchor_similarity_threshold": None}
     new = _write(tmp_path / "new", [_run(200, "GraphGPO", 0.6, 0.0, 0.4) | {"run_settings": new_settings}])
-    assert sorted(learning.load_runs([old, new])) == [(200, "GRPO"), (200, "GiGPO"), (200, "GraphGPO")]
+    assert sorted(runner.load_runs([old, new])) == [(200, "GRPO"), (200, "GiGPO"), (200, "GraphGPO")]
     trap = _write(tmp_path / "trap", [_run(201, "GraphGPO", 0.6, 0.0, 0.4)
                                       | {"run_settings": new_settings | {"trap_door": True}}])
     with pytest.raises(ValueError, match="different settings"):
-        learning.load_runs([old, trap])
+        runner.load_runs([old, trap])
 
 
 def test_warmup_that_misses_its_cap_fails_naming_the_seed():
@@ -199,28 +199,28 @@ def test_warmup_that_misses_its_cap_fails_naming_the_seed():
 
     a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "2", "--warmup_batch", "2"])
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
-    with pytest.raises(learning.WarmupFailed, match=r"seed 7: warm-up failed at the 2-step cap .*legal moves nan"):
-        learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    with pytest.raises(warmup.WarmupFailed, match=r"seed 7: warm-up failed at the 2-step cap .*legal moves nan"):
+        warmup.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
     a.warmup_fail_soft = True  # --quick: reported, not raised
-    stats = learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    stats = warmup.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
     assert stats["steps"] == 2 and stats["rules_steps"] is None and stats["failed"].startswith("seed 7: ")
 
 
 def test_door_balance_tolerance():
-    a = learning.parse_args([])
+    a = settings.parse_args([])
     assert a.warmup_balance_tol == 0.05
-    assert learning.door_balanced({"leads_on_among_two_legal": 0.55}, a)
-    assert learning.door_balanced({"leads_on_among_two_legal": 0.45}, a)
-    assert not learning.door_balanced({"leads_on_among_two_legal": 0.56}, a)
-    assert not learning.door_balanced({"leads_on_among_two_legal": 0.44}, a)
-    assert not learning.door_balanced({"leads_on_among_two_legal": None}, a)
+    assert warmup.door_balanced({"leads_on_among_two_legal": 0.55}, a)
+    assert warmup.door_balanced({"leads_on_among_two_legal": 0.45}, a)
+    assert not warmup.door_balanced({"leads_on_among_two_legal": 0.56}, a)
+    assert not warmup.door_balanced({"leads_on_among_two_legal": 0.44}, a)
+    assert not warmup.door_balanced({"leads_on_among_two_legal": None}, a)
 
 
 def test_headline_seeds_are_ten_fixed_seeds_disjoint_from_design_and_quick_seeds():
-    assert learning.HEADLINE_SEEDS == list(range(200, 210))
-    assert not set(learning.HEADLINE_SEEDS) & set(learning.DESIGN_SEEDS + [0, 1, 2, 103])
-    assert learning.parse_args([]).seeds == learning.HEADLINE_SEEDS
-    assert learning.parse_args(["--quick"]).seeds == [0]
+    assert settings.HEADLINE_SEEDS == list(range(200, 210))
+    assert not set(settings.HEADLINE_SEEDS) & set(settings.DESIGN_SEEDS + [0, 1, 2, 103])
+    assert settings.parse_args([]).seeds == settings.HEADLINE_SEEDS
+    assert settings.parse_args(["--quick"]).seeds == [0]
 
 
 def test_warmup_restarts_from_a_fresh_init_derived_from_the_seed():
@@ -230,103 +230,121 @@ def test_warmup_restarts_from_a_fresh_init_derived_from_the_seed():
                               "--warmup_restart_steps", "2"])
     a.warmup_fail_soft = True
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
-    stats = learning.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
+    stats = warmup.legal_move_warmup(model, tok, a, factory, list(range(16)), seed=7)
     # steps 1-2 on init 7, restart at step 2 (init 10007), steps 3-4, restart at 4 (init 20007), step 5, cap
     assert (stats["steps"], stats["restarts"], stats["init_seed"]) == (5, 2, 20007)
     assert "after 2 restart(s)" in stats["failed"]
-    assert "restart" in learning.WARMUP_KEYS[-1]
+    assert "restart" in settings.WARMUP_KEYS[-1]
 
 
 def test_iters_to_counts_only_full_windows():
     # a first rollout at 0.5 is a 1-iteration "running mean" of 0.5; the first full 5-window mean >= 0.5 is at 8:
     # (0.31+0.47+0.62+0.47+0.41)/5 = 0.456 at 7, (0.47+0.62+0.47+0.41+0.62)/5 = 0.518 at 8
     series = [0.5, 0.28, 0.31, 0.47, 0.62, 0.47, 0.41, 0.62, 0.69, 0.78]
-    assert learning.iters_to(series) == 8
-    assert learning.iters_to([0.5] * 5) == 5
-    assert learning.iters_to([0.9] * 4) is None  # never a full window
-    assert learning.iters_to([0.1] * 10) is None
+    assert statistics.iters_to(series) == 8
+    assert statistics.iters_to([0.5] * 5) == 5
+    assert statistics.iters_to([0.9] * 4) is None  # never a full window
+    assert statistics.iters_to([0.1] * 10) is None
 
 
 # ------------------------------------------------------------------ the map (issue 35)
 def test_map_seeds_are_fresh_and_apart_from_the_design_seeds():
     used = set(range(0, 12)) | set(range(100, 105)) | set(range(200, 210)) | set(range(300, 305)) | set(range(500, 510))
-    assert len(learning.MAP_SEEDS) >= 8 and learning.MAP_EVAL_TASKS >= 128
-    assert not (set(learning.MAP_SEEDS) | set(learning.MAP_DESIGN_SEEDS)) & used
-    assert not set(learning.MAP_SEEDS) & set(learning.MAP_DESIGN_SEEDS)
-    assert {c for cs in learning.MAP_AXES.values() for c in cs} == set(learning.CONDITIONS)
+    assert len(settings.MAP_SEEDS) >= 8 and settings.MAP_EVAL_TASKS >= 128
+    assert not (set(settings.MAP_SEEDS) | set(settings.MAP_DESIGN_SEEDS)) & used
+    assert not set(settings.MAP_SEEDS) & set(settings.MAP_DESIGN_SEEDS)
+    assert {c for cs in settings.MAP_AXES.values() for c in cs} == set(settings.CONDITIONS)
 
 
 def test_condition_settings_reach_the_env_and_the_config():
-    a = learning.parse_args(["--condition", "clock_sim", "--iterations", "20"])
+    a = settings.parse_args(["--condition", "clock_sim", "--iterations", "20"])
     assert (a.length, a.max_turns, a.nuisance, a.anchor_similarity_threshold, a.eval_tasks, a.seeds) == (
-        12, 30, "clock", 0.9, 128, learning.MAP_SEEDS)
+        12, 30, "clock", 0.9, 128, settings.MAP_SEEDS)
     assert a.arms == ["GiGPO", "GRPO", "HGPO"]
-    env = learning.env_factory_for(a)()
+    env = testbeds.env_factory_for(a)()
     obs, _ = env.reset(task=5)
     assert obs.startswith("room 1: left arch, right closet\nclock ")
     assert env.anchor_state(obs) == obs  # exact anchors see the nuisance
-    cfg = learning.make_config(a, "/tmp/x", learning.ARMS["GiGPO"], 600)
+    cfg = runner.make_config(a, "/tmp/x", settings.ARMS["GiGPO"], 600)
     assert cfg.anchor_similarity_threshold == 0.9 and cfg.max_turns == 30
-    hook = learning.parse_args(["--condition", "clock_hook", "--iterations", "20"])
-    env = learning.env_factory_for(hook)()
+    hook = settings.parse_args(["--condition", "clock_hook", "--iterations", "20"])
+    env = testbeds.env_factory_for(hook)()
     obs, _ = env.reset(task=5)
     assert env.anchor_state(obs) == "room 1: left arch, right closet"
-    assert learning.make_config(hook, "/tmp/x", learning.ARMS["GraphGPO"], 600).anchor_similarity_threshold is None
-    h24 = learning.parse_args(["--condition", "h24", "--iterations", "20"])
+    assert runner.make_config(hook, "/tmp/x", settings.ARMS["GraphGPO"], 600).anchor_similarity_threshold is None
+    h24 = settings.parse_args(["--condition", "h24", "--iterations", "20"])
     assert (h24.length, h24.max_turns, h24.walk_turns) == (24, 60, 72)
-    trap = learning.env_factory_for(learning.parse_args(["--condition", "trap", "--iterations", "20"]))()
+    trap = testbeds.env_factory_for(settings.parse_args(["--condition", "trap", "--iterations", "20"]))()
     trap.reset(task=3)  # task 3: the trap is room 4's left closet (tests/test_corridor.py)
     for door in ("arch", "stairs", "arch"):
         trap.step(door)
     _, reward, done, info = trap.step("closet")
     assert (reward, done, info["trapped"]) == (0.0, True, True)
     # the default run is untouched
-    plain = learning.parse_args([])
+    plain = settings.parse_args([])
     assert (plain.condition, plain.nuisance, plain.trap_door, plain.eval_tasks) == (None, None, False, 64)
-    assert learning.env_factory_for(plain)().reset(task=5)[0] == "room 1: left arch, right closet"
+    assert testbeds.env_factory_for(plain)().reset(task=5)[0] == "room 1: left arch, right closet"
 
 
 def test_condition_without_iterations_or_with_a_foreign_arm_is_refused(monkeypatch):
     # a cell whose design run has not set I yet (every cell of the map has one now)
-    monkeypatch.setitem(learning.CONDITIONS, "h24", learning.CONDITIONS["h24"] | {"iterations": None})
+    monkeypatch.setitem(settings.CONDITIONS, "h24", settings.CONDITIONS["h24"] | {"iterations": None})
     with pytest.raises(SystemExit):
-        learning.parse_args(["--condition", "h24"])
+        settings.parse_args(["--condition", "h24"])
     monkeypatch.undo()
-    assert learning.parse_args(["--condition", "h24"]).iterations == 10  # the design run's budget rule
+    assert settings.parse_args(["--condition", "h24"]).iterations == 10  # the design run's budget rule
     with pytest.raises(SystemExit):
-        learning.parse_args(["--condition", "clock_sim", "--iterations", "10", "--arms", "GraphGPO"])
-    assert learning.parse_args(["--condition", "h6", "--quick"]).iterations == 3
+        settings.parse_args(["--condition", "clock_sim", "--iterations", "10", "--arms", "GraphGPO"])
+    assert settings.parse_args(["--condition", "h6", "--quick"]).iterations == 3
     # evaluations every I // 5 (at least 2) iterations: the headline's schedule at I = 10
     for iters, every in ((10, 2), (30, 6), (40, 8)):
-        a = learning.parse_args(["--condition", "h6", "--iterations", str(iters)])
+        a = settings.parse_args(["--condition", "h6", "--iterations", str(iters)])
         assert (a.eval_every, a.eval_every_early) == (every, every)
-    assert learning.eval_schedule(30, 6, 6) == [6, 12, 18, 24, 30]
+    assert statistics.eval_schedule(30, 6, 6) == [6, 12, 18, 24, 30]
 
 
 def test_map_report_table_and_figure_from_cells(tmp_path):
-    def cell(name, gaps, seeds=learning.MAP_SEEDS):
+    def cell(name, gaps, seeds=settings.MAP_SEEDS):
         folder = tmp_path / name
         folder.mkdir()
-        d = {"seeds": seeds, "is_map_cell": seeds == learning.MAP_SEEDS, "gaps": {
+        d = {"seeds": seeds, "is_map_cell": seeds == settings.MAP_SEEDS, "gaps": {
             f"{arm}-GRPO/T=1": {"gap_pp": m, "ci95_pp": [m - 2.0, m + 3.0]} for arm, m in gaps.items()}}
         (folder / "learning.json").write_text(json.dumps(d))
 
     cell("h12", {"GiGPO": 3.0, "HGPO": 5.5, "GraphGPO": 1.0})
     cell("clock", {"GiGPO": -0.5, "HGPO": 0.2, "GraphGPO": 0.0}, seeds=[600, 601])
     cell("clock_sim", {"GiGPO": 1.5, "HGPO": 2.0})
-    assert learning.main(["--map_report", "--map_dir", str(tmp_path)]) == 0
+    assert runner.main(["--map_report", "--map_dir", str(tmp_path)]) == 0
     d = json.loads((tmp_path / "map.json").read_text())
     assert d["gaps_to_grpo"]["h12"]["HGPO"] == {"gap_pp": 5.5, "ci95_pp": [3.5, 8.5]}
     assert "GraphGPO" not in d["gaps_to_grpo"]["clock_sim"]
     assert d["missing"] == ["h6", "h24", "clock_hook", "trap"] and d["partial"] == ["clock"]
     assert "+5.5 [  +3.5,   +8.5]" in d["table"]
     assert (tmp_path / "map.png").stat().st_size > 10_000
-    assert learning.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1
+    assert runner.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1
 
 
 def test_a_complete_cell_reports_to_its_results_folder_and_a_partial_one_does_not():
-    a = learning.parse_args(["--condition", "h12"])
-    assert learning.default_results_dir(a, learning.MAP_SEEDS).endswith(os.path.join("results", "map", "h12"))
-    assert learning.default_results_dir(a, learning.MAP_SEEDS[:4]) == a.output_dir
-    q = learning.parse_args(["--condition", "h12", "--quick"])
-    assert learning.default_results_dir(q, learning.MAP_SEEDS) == q.output_dir
+    a = settings.parse_args(["--condition", "h12"])
+    assert settings.default_results_dir(a, settings.MAP_SEEDS).endswith(os.path.join("results", "map", "h12"))
+    assert settings.default_results_dir(a, settings.MAP_SEEDS[:4]) == a.output_dir
+    q = settings.parse_args(["--condition", "h12", "--quick"])
+    assert settings.default_results_dir(q, settings.MAP_SEEDS) == q.output_dir
+
+
+def test_step_group_sizes_observer_keeps_training_rollouts_and_the_deepest_hgpo_level():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from gigpo_trl.observers import RolloutContext
+
+    groups = runner.StepGroupSizes()
+    gigpo = SimpleNamespace(anchor_group_sizes=np.array([2, 2, 1]), level_group_sizes=None)
+    hgpo = SimpleNamespace(anchor_group_sizes=np.array([3, 3, 3]), level_group_sizes=np.array([[3, 2], [3, 2], [3, 1]]))
+    groups.on_advantages(None, gigpo, RolloutContext(mode="train", iteration=1))
+    groups.on_advantages(None, hgpo, RolloutContext(mode="eval", name="eval"))  # an evaluation: not counted
+    groups.on_advantages(None, None, RolloutContext(mode="train", iteration=2))  # no row on any process
+    groups.on_advantages(None, hgpo, RolloutContext(mode="train", iteration=3))
+    assert [list(s) for s in groups.iterations] == [[2, 2, 1], [3, 3, 3]]
+    assert [list(s) for s in groups.deepest] == [[2, 2, 1]]

@@ -1,0 +1,68 @@
+"""GiGPO vs GRPO (vs HGPO, GraphGPO) at equal budget, on a testbed where step-level credit matters, on a CPU.
+
+    python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, all four arms
+    python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, 3 iterations)
+    python benchmarks/learning.py --seeds 200 201 202 203 204 --output_dir outputs/bench/learning/a   # a split run
+    python benchmarks/learning.py --report_only --runs outputs/bench/learning/a/runs.jsonl \
+        outputs/bench/learning/b/runs.jsonl              # merge split runs into one report
+    python benchmarks/learning.py --warmup_only --seeds 1 100   # only the warm-ups, with their figures
+    python benchmarks/learning.py --arms GiGPO GRPO       # without the HGPO and GraphGPO arms
+    python benchmarks/learning.py --arms GraphGPO --reuse_warmup   # add an arm to a run (same output_dir)
+    python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
+    python benchmarks/learning.py --condition clock --iterations 20   # one cell of the map (CONDITIONS, MAP_SEEDS)
+    python benchmarks/learning.py --map_report            # the map's table and figure from its cells' results
+
+Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
+a dead end (left/right in random order), ``max_turns`` 30; the shortest episode is 12 turns, reward 1 only for
+leaving the last room (plus the trainer's invalid-action penalty). The policy acts through ``DoorCorridor``: it
+names the door it walks through (``arch``, ``stairs``: passages; ``closet``, ``niche``: dead ends; ``back`` out of
+a dead end) and the benchmark translates that to the env's move, so observations, dynamics, rewards and anchors
+are the env's (``--actions moves`` names directions instead). Training uses the env's train ids, evaluation its
+disjoint eval ids. The prompt is a compact version of the env's.
+
+Per seed:
+
+1. a tiny Qwen2 policy (random init, compact BPE tokenizer trained offline on the testbed's prompts) gets a
+   supervised *legal-move* warm-up (``legal_move_warmup``): real prompts (``gigpo_trl.prompts.build_messages`` +
+   the chat template) of states reached by random walks, each with every legal move as a target
+   (``<think>go</think><action>{move}</action>``; corridor: both doors of a room, ``back`` in a dead end), i.e.
+   cross-entropy against the uniform distribution over the legal moves. Phase 1 runs until >= 95 % of sampled moves
+   are legal; phase 2 (learning rate decaying to 0) until the final sampled check also has the passage chosen in
+   0.5 +- 0.05 of two-door rooms (the policy knows the rules, not the way). A seed that misses either within
+   ``--warmup_max_steps`` stops the run with an error naming it. The weights are saved once; every arm starts from
+   them.
+2. every arm (``ARMS``; default all four) trains from those weights with identical settings, seed, task
+   order and number of iterations; only the arm's config fields differ (GiGPO: omega = 1; GRPO: omega = 0; HGPO:
+   the authors' recipe, ``step_grouping="hierarchical"`` with K = 2 and alpha = 1; GraphGPO: the authors' recipe,
+   ``step_return="graph"`` with the gamma of its ALFWorld script, 0.10).
+3. held-out evaluation (the env's eval split, sampled at T = 1) at iteration 0 and at ``eval_schedule``'s
+   iterations (every ``--eval_every_early`` iterations, then the last three ``--eval_every`` apart); greedy too at
+   iteration 0 and the last three.
+
+Primary metric (``PRIMARY_METRIC``, fixed before the headline run): per seed and arm, the mean held-out success
+over the last 3 evaluations, sampled at T = 1; the paired per-seed gap between arms, its mean and a 95% t interval
+over seeds. Second metric: the area under the sampled held-out success curve (``auc``), with its paired interval.
+Also greedy success; iterations until the 5-iteration running mean of training success reaches 0.5; the env steps
+and generated tokens per arm; the anchor-group statistics early / middle / late; each seed's warm-up figures.
+Writes ``learning.json`` and ``learning_curve.png`` to ``--results_dir`` (default: ``benchmarks/results`` only for
+a complete report of the 10 headline seeds at the default budget, ``--output_dir`` otherwise) and the weights and
+``runs.jsonl`` (one line per finished (seed, arm) run) to ``--output_dir``. ``--workers 2`` (default) runs the
+warm-ups, then the (seed, arm) runs, in two single-threaded processes.
+
+Modules: ``settings`` (arms, seeds, testbed settings, the map's conditions, the command line), ``testbeds``,
+``warmup``, ``runner`` (the runs, the worker pool, merging split runs), ``statistics``, ``report``, ``map``.
+"""
+
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the repository root (gigpo_trl) and benchmarks/ (results_io), when run from a checkout
+for _path in (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+              os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)

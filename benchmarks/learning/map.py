@@ -1,0 +1,104 @@
+"""The map: the gap to GRPO of every arm in every cell (condition) of the map, its table, ``map.json`` and figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from results_io import provenance
+
+from .settings import ARMS, CONDITIONS, MAP_AXES, MAP_AXIS_LABELS
+from .statistics import METRICS, PRIMARY_METRIC
+
+
+def map_table(cells: dict) -> tuple[str, dict]:
+    """The map's table: per condition (``cells``: condition -> its learning.json) and arm, the paired gap to GRPO
+    of the primary metric and its 95 % t interval. Returns (text, {condition: {arm: gap_stats dict}})."""
+    label = METRICS[PRIMARY_METRIC][0]
+    rows, out = [], {}
+    head = f"{'condition':<11} {'seeds':>5} " + " ".join(f"{arm + ' - GRPO':>24}" for arm in ARMS if arm != "GRPO")
+    rows += [f"gap to GRPO, {METRICS[PRIMARY_METRIC][1]} (pp, 95% t interval over seeds):", head, "-" * len(head)]
+    for cond in CONDITIONS:
+        if cond not in cells:
+            continue
+        d = cells[cond]
+        out[cond] = {}
+        cols = []
+        for arm in ARMS:
+            if arm == "GRPO":
+                continue
+            g = d["gaps"].get(f"{arm}-GRPO/{label}")
+            if g is None:
+                cols.append(f"{'-':>24}")
+                continue
+            out[cond][arm] = g
+            cols.append(f"{g['gap_pp']:+6.1f} [{g['ci95_pp'][0]:+6.1f}, {g['ci95_pp'][1]:+6.1f}]".rjust(24))
+        rows.append(f"{cond:<11} {len(d['seeds']):>5} " + " ".join(cols))
+    return "\n".join(rows), out
+
+
+def map_report(map_dir) -> int:
+    """--map_report: read ``map_dir/CONDITION/learning.json`` of every cell present, print the table, write
+    ``map_dir/map.json`` and the figure ``map_dir/map.png`` (gap to GRPO with its 95 % interval per arm, one panel
+    per axis of ``MAP_AXES``). Returns 1 when no cell is there."""
+    map_dir = Path(map_dir)
+    cells = {c: json.loads((map_dir / c / "learning.json").read_text()) for c in CONDITIONS
+             if (map_dir / c / "learning.json").exists()}
+    if not cells:
+        print(f"no cell of the map under {map_dir} (expected {map_dir}/CONDITION/learning.json)")
+        return 1
+    missing = [c for c in CONDITIONS if c not in cells]
+    partial = [c for c, d in cells.items() if not d.get("is_map_cell")]
+    table, gaps = map_table(cells)
+    print(table)
+    if missing:
+        print(f"cells missing: {missing}")
+    if partial:
+        print(f"cells that are not complete map cells (seeds, iterations or eval tasks differ): {partial}")
+    (map_dir / "map.json").write_text(json.dumps({
+        **provenance(),
+        "primary_metric": PRIMARY_METRIC, "gaps_to_grpo": gaps, "missing": missing, "partial": partial,
+        "seeds": {c: d["seeds"] for c, d in cells.items()}, "table": table}, indent=1, default=float))
+    plot_map(gaps, map_dir / "map.png")
+    print(f"json: {map_dir / 'map.json'}")
+    return 0
+
+
+def plot_map(gaps: dict, path) -> None:
+    """One panel per axis of ``MAP_AXES``: for each cell present, each arm's gap to GRPO (pp) with its 95 %
+    interval as an error bar, arms side by side; a dashed line at 0 (= GRPO)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red"}
+    arms = [arm for arm in ARMS if arm != "GRPO"]
+    fig, axes = plt.subplots(1, len(MAP_AXES), figsize=(5 * len(MAP_AXES), 4.2), sharey=True)
+    for ax, (axis, conds) in zip(axes, MAP_AXES.items()):
+        conds = [c for c in conds if c in gaps]
+        for j, arm in enumerate(arms):
+            xs, ms, los, his = [], [], [], []
+            for i, c in enumerate(conds):
+                g = gaps[c].get(arm)
+                if g is None:
+                    continue
+                lo, hi = g["ci95_pp"]
+                xs.append(i + (j - (len(arms) - 1) / 2) * 0.18)
+                ms.append(g["gap_pp"])
+                los.append(g["gap_pp"] - lo if np.isfinite(lo) else 0.0)
+                his.append(hi - g["gap_pp"] if np.isfinite(hi) else 0.0)
+            if xs:
+                ax.errorbar(xs, ms, yerr=[los, his], fmt="o", capsize=4, color=colors[arm], label=arm)
+        ax.axhline(0.0, color="tab:orange", ls="--", lw=1, label="GRPO")
+        ax.set_xticks(range(len(conds)))
+        ax.set_xticklabels([MAP_AXIS_LABELS.get((axis, c), CONDITIONS[c]["label"]) for c in conds])
+        ax.set(title=f"against {axis}", xlim=(-0.6, max(len(conds), 1) - 0.4))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"gap to GRPO, pp ({METRICS[PRIMARY_METRIC][0]}, last 3 evaluations)")
+    axes[0].legend(loc="best")
+    fig.suptitle("Where step credit pays: gap to GRPO per arm, mean and 95% t interval over seeds (corridor)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")

@@ -1,0 +1,334 @@
+"""The learning benchmark's runs: one (seed, arm) run from the seed's warm-up weights with periodic held-out
+evaluations, the worker pool over seeds and arms, ``runs.jsonl`` and the merge of split runs (``--report_only``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gigpo_trl import GiGPOConfig, GiGPOTrainer
+from gigpo_trl.envs.corridor import reset_clock
+from gigpo_trl.observers import RolloutObserver
+
+from .map import map_report
+from .report import write_report
+from .settings import ARMS, RESULTS, RUN_KEYS, default_results_dir, parse_args, run_settings_filled
+from .statistics import auc, eval_schedule, iters_to, row_size_hist
+from .testbeds import _ids, completion_text, env_factory_for, instruction_for, make_tokenizer, random_prompt_messages
+from .warmup import warm_up_seed, warmup_line
+
+
+class StepGroupSizes(RolloutObserver):
+    """Rollout observer that keeps, per training rollout, the size of the step group of every row (the histogram
+    the trainer does not log), and for HGPO the sizes of the deepest level's groups G_K."""
+
+    def __init__(self):
+        self.iterations: list[np.ndarray] = []
+        self.deepest: list[np.ndarray] = []
+
+    def on_advantages(self, batch, result, context):
+        if context.mode != "train" or result is None:
+            return
+        self.iterations.append(np.asarray(result.anchor_group_sizes, dtype=np.int64).copy())
+        levels = getattr(result, "level_group_sizes", None)
+        if levels is not None and np.ndim(levels) == 2:
+            self.deepest.append(np.asarray(levels, dtype=np.int64)[:, -1].copy())
+
+
+class PeriodicEval:
+    """TrainerCallback: held-out evaluation at the iterations of ``eval_iterations`` (sampled at T = 1; greedy too at
+    those in ``greedy_iterations``)."""
+
+    def __init__(self, eval_iterations, greedy_iterations, spg, sampled_temperature):
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class _CB(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                it, rest = divmod(state.global_step, spg)
+                if rest == 0 and it in outer.eval_iterations and outer.trainer is not None:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    outer.points.append(evaluate_both(outer.trainer, outer.sampled_temperature,
+                                                      greedy=it in outer.greedy_iterations) | {"iteration": it})
+                    outer.eval_seconds += time.perf_counter() - t0
+                    outer.eval_cpu_seconds += time.process_time() - c0
+                    p = outer.points[-1]
+                    greedy = f"{p['greedy']:.2f}" if "greedy" in p else "-"
+                    print(f"    {outer.label} it {it}: sampled {p['sampled']:.2f} greedy {greedy} "
+                          f"({time.perf_counter() - outer.t_start:.0f}s)", flush=True)
+                return control
+
+        self.callback = _CB()
+        self.sampled_temperature = sampled_temperature
+        self.eval_iterations = set(eval_iterations)
+        self.greedy_iterations = set(greedy_iterations)
+        self.trainer = None
+        self.points: list[dict] = []
+        self.eval_seconds = 0.0
+        self.eval_cpu_seconds = 0.0  # single-threaded process: ~ the wall time on an idle core
+        self.label = ""
+        self.t_start = time.perf_counter()
+
+
+def evaluate_both(trainer, temperature: float, greedy: bool = True) -> dict:
+    """Held-out success sampled at ``temperature`` and (``greedy``) greedily (eval_temperature = 0), on the same
+    tasks; every task of a call runs in one batch (``per_device_eval_batch_size`` = eval tasks)."""
+    saved = trainer.args.eval_temperature
+    try:
+        trainer.args.eval_temperature = temperature
+        m = trainer.evaluate(metric_key_prefix="eval_sampled")
+        sampled = {"sampled": m["eval_sampled_success_rate"], "sampled_length": m.get("eval_sampled_length_mean")}
+        if not greedy:
+            return sampled
+        trainer.args.eval_temperature = 0.0
+        m = trainer.evaluate()
+        return sampled | {"greedy": m["eval_success_rate"], "greedy_length": m.get("eval_length_mean"),
+                          "greedy_invalid": m.get("eval_invalid_action_rate")}
+    finally:
+        trainer.args.eval_temperature = saved
+
+
+def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
+    """The run's shared settings; the arm's fields override them (GraphGPO: its own gamma)."""
+    shared = dict(
+        output_dir=out_dir, seed=seed, data_seed=seed,
+        num_generations=a.num_generations, per_device_train_batch_size=a.groups * a.num_generations // a.spg,
+        steps_per_generation=a.spg, max_steps=a.iterations * a.spg, max_turns=a.max_turns,
+        history_length=a.history_length, learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, beta=0.0, temperature=1.0, top_k=0, top_p=1.0,
+        max_completion_length=a.max_completion_length, gamma=a.gamma, advantage_mode=a.advantage_mode,
+        bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no",
+        disable_tqdm=True, logging_steps=1, eval_max_tasks=a.eval_tasks, eval_temperature=0.0,
+        per_device_eval_batch_size=a.eval_tasks, require_think=a.think,
+    )
+    if a.anchor_similarity_threshold is not None and arm_fields.get("step_return") != "graph":
+        shared["anchor_similarity_threshold"] = a.anchor_similarity_threshold
+    return GiGPOConfig(**{**shared, **arm_fields})
+
+
+LOG_KEYS = ["episode/success_rate", "episode/length_mean", "episode/invalid_action_rate", "rollout/rows",
+            "completions/mean_length", "anchor/singleton_fraction", "anchor/row_group_size_mean",
+            "anchor/group_size_mean", "rollout/seconds", "graph/states_reaching_success", "graph/rows_reaching_success"]
+
+
+def iteration_series(log_history) -> dict:
+    """Per training iteration (one rollout), the logged metrics in ``LOG_KEYS``."""
+    return {k: [float(e[k]) for e in log_history if k in e] for k in LOG_KEYS}
+
+
+def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
+    """One (seed, arm) run from the seed's warm-up weights: held-out evaluations at ``eval_schedule``'s iterations,
+    the training series, the step-group statistics early / middle / late. Returns the run's result dict."""
+    from transformers import AutoModelForCausalLM, PrinterCallback
+
+    reset_clock()  # every (seed, arm) run sees the clock cells' clock lines from 1, whatever ran before it here
+    model = AutoModelForCausalLM.from_pretrained(init_dir)
+    schedule = eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
+    cb = PeriodicEval(schedule, schedule[-3:], a.spg, a.sampled_eval_temperature)  # greedy: headline points
+    args = make_config(a, str(Path(a.output_dir) / f"seed{seed}" / arm), ARMS[arm], seed)
+    trainer = GiGPOTrainer(model, env=env_factory, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                           processing_class=tok, callbacks=[cb.callback])
+    groups = StepGroupSizes()
+    trainer.add_rollout_observer(groups)
+    cb.trainer = trainer
+    cb.label = f"seed {seed} {arm}"
+    trainer.remove_callback(PrinterCallback)  # the per-step log dicts; everything is kept in log_history
+    t0, c0 = time.perf_counter(), time.process_time()
+    start = evaluate_both(trainer, a.sampled_eval_temperature) | {"iteration": 0}
+    start_secs, start_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    trainer.train()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    series = iteration_series(trainer.state.log_history)
+    trainer.collector.close()
+    sizes, deepest = groups.iterations, groups.deepest
+    points = [start] + cb.points
+    last3 = points[-3:]
+    rows = np.asarray(series["rollout/rows"])
+    tokens = rows * np.asarray(series["completions/mean_length"][: len(rows)])
+    thirds = np.array_split(np.arange(len(sizes)), 3)
+    anchor_phases = {}
+    for name, idx in zip(("early", "middle", "late"), thirds):
+        if len(idx):
+            pooled = np.concatenate([sizes[i] for i in idx])
+            sf = [series["anchor/singleton_fraction"][i] for i in idx if i < len(series["anchor/singleton_fraction"])]
+            anchor_phases[name] = {"iterations": [int(idx[0]) + 1, int(idx[-1]) + 1],
+                                   "singleton_group_fraction": float(np.mean(sf)) if sf else None,
+                                   "rows_in_groups_ge2": float((pooled >= 2).mean()),
+                                   "row_size_hist": row_size_hist(pooled),
+                                   "row_group_size_mean": float(pooled.mean())}
+            if len(deepest) == len(sizes):
+                anchor_phases[name]["deepest_level_rows_in_groups_ge2"] = float(
+                    (np.concatenate([deepest[i] for i in idx]) >= 2).mean())
+    result = {
+        "arm": arm, "fields": ARMS[arm], "seed": seed, "points": points,
+        "run_settings": {k: getattr(a, k) for k in RUN_KEYS},
+        "headline_sampled": float(np.mean([p["sampled"] for p in last3])),
+        "headline_greedy": float(np.mean([p["greedy"] for p in last3])),
+        "auc_sampled": auc(points),
+        "iters_to_50pct_train": iters_to(series["episode/success_rate"]),
+        "env_steps": int(rows.sum()), "generated_tokens": int(round(float(tokens.sum()))),
+        "wall_seconds": wall + start_secs, "eval_seconds": cb.eval_seconds + start_secs,
+        # CPU seconds of this single-threaded run: ~ its wall time on an idle core (for the budget arithmetic)
+        "cpu_seconds": cpu + start_cpu, "eval_cpu_seconds": cb.eval_cpu_seconds + start_cpu,
+        "train_cpu_seconds_per_iteration": (cpu - cb.eval_cpu_seconds) / a.iterations,
+        "series": series, "anchor_phases": anchor_phases,
+    }
+    sampled = " ".join(f"{p['sampled']:.2f}" for p in points)
+    greedy = " ".join(f"{p['greedy']:.2f}" if "greedy" in p else "-" for p in points)
+    print(f"  seed {seed} {arm:5s}: sampled {sampled} | greedy {greedy} | last3 {result['headline_sampled']:.3f}/"
+          f"{result['headline_greedy']:.3f} | AUC {result['auc_sampled']:.3f} | 50% at it {result['iters_to_50pct_train']} | "
+          f"wall {result['wall_seconds']:.0f}s, CPU {result['cpu_seconds']:.0f}s (train "
+          f"{result['train_cpu_seconds_per_iteration']:.2f}s/iteration, evaluations {result['eval_cpu_seconds']:.0f}s)",
+          flush=True)
+    return result
+
+
+def arm_job(job, a, tok, env_factory, train_ds, eval_ds, out):
+    seed, arm = job
+    torch.set_num_threads(1)
+    return run_arm(a, arm, seed, str(Path(a.warmup_dir or out) / f"seed{seed}" / "init"), tok, env_factory, train_ds,
+                   eval_ds)
+
+
+def main(argv=None) -> int:
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    a = parse_args(argv)
+    if a.map_report:
+        return map_report(a.map_dir or RESULTS / "map")
+    if a.report_only:
+        return report_only(a)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    env_factory = env_factory_for(a)
+    env = env_factory()
+    print(f"settings: {json.dumps(vars(a))}", flush=True)
+    tok = make_tokenizer(a, env_factory, a.vocab)
+    train_ds = env.tasks("train").select(range(a.train_tasks))
+    eval_ds = env.tasks("eval").select(range(a.eval_tasks))
+    train_tasks = list(train_ds["task"])
+    shared = set(train_tasks) & set(eval_ds["task"])
+    print(f"tasks: {len(train_tasks)} train, {len(eval_ds)} held-out eval, {len(shared)} shared", flush=True)
+    msgs, _ = random_prompt_messages(env, random.Random(0), train_tasks, a.history_length, a.walk_turns,
+                                     instruction_for(a), a.max_turns)
+    sample = _ids(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+    word = env.action_words[0]
+    print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
+          f"{len(tok.encode(completion_text(word, a.think)))} + eos", flush=True)
+    print(f"evaluations at iterations 0, {', '.join(map(str, eval_schedule(a.iterations, a.eval_every, a.eval_every_early)))}"
+          f" (greedy too at 0 and the last 3)", flush=True)
+
+    warm = functools.partial(warm_up_seed, a=a, tok=tok, env_factory=env_factory, train_tasks=train_tasks, out=out)
+    # GiGPO and GRPO of every seed first (they run side by side on the two workers), further arms after them, so a
+    # run cut short still has the main comparison on as many seeds as possible (see --report_only).
+    first = [arm for arm in a.arms if arm in ("GiGPO", "GRPO")]
+    jobs = [(seed, arm) for seed in a.seeds for arm in first] + [
+        (seed, arm) for arm in a.arms if arm not in first for seed in a.seeds]
+    job = functools.partial(arm_job, a=a, tok=tok, env_factory=env_factory, train_ds=train_ds, eval_ds=eval_ds,
+                            out=out)
+    runs_log = out / "runs.jsonl"  # one line per finished (seed, arm) run, so a cut run still has its results
+
+    def record(result):
+        with runs_log.open("a") as f:
+            f.write(json.dumps(result, default=float) + "\n")
+        return result
+
+    def check_warmups(warmups):
+        (out / "warmups.json").write_text(json.dumps({str(k): v for k, v in warmups.items()}, default=float))
+        print("\nwarm-ups:")
+        for seed in a.seeds:
+            print(f"  seed {seed:>4}: {warmup_line(warmups[seed])}")
+        failed = [seed for seed in a.seeds if warmups[seed].get("failed")]
+        print(f"warm-up wall time {time.perf_counter() - t_all:.0f}s", flush=True)
+        if failed and not a.quick:
+            raise SystemExit(f"warm-up failed on seed(s) {failed}: " + "; ".join(warmups[s]["failed"] for s in failed))
+
+    pool = None
+    if a.workers > 1:
+        import multiprocessing as mp
+
+        pool = mp.get_context("fork").Pool(min(a.workers, max(len(jobs), len(a.seeds))))
+    try:
+        warmups = dict(zip(a.seeds, (pool.map(warm, a.seeds, chunksize=1) if pool else map(warm, a.seeds))))
+        check_warmups(warmups)
+        if a.warmup_only:
+            return 0
+        runs_log.write_text("")
+        for result in (pool.imap_unordered(job, jobs, chunksize=1) if pool else map(job, jobs)):
+            record(result)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    (out / "invocation.json").write_text(json.dumps({"seeds": a.seeds, "arms": a.arms,
+                                                     "wall_seconds": time.perf_counter() - t_all}))
+    results = load_runs([runs_log])
+    seeds = [s for s in a.seeds if all((s, arm) in results for arm in a.arms)]
+    res_dir = Path(default_results_dir(a, seeds))
+    res_dir.mkdir(parents=True, exist_ok=True)
+    write_report(a, results, seeds, warmups, time.perf_counter() - t_all, res_dir)
+    return 0
+
+
+def load_runs(paths) -> dict:
+    """The (seed, arm) runs of several runs.jsonl files, keyed (seed, arm). Raises ValueError when a (seed, arm)
+    appears twice or when runs were made with different ``RUN_KEYS`` settings (they would not be comparable)."""
+    results, where = {}, {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ValueError(f"runs file {path} does not exist")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            # recomputed from the stored series, so runs written before a fix to iters_to report the fixed figure
+            r["iters_to_50pct_train"] = iters_to(r["series"]["episode/success_rate"])
+            key = (r["seed"], r["arm"])
+            if key in results:
+                raise ValueError(f"seed {key[0]} arm {key[1]} appears twice: {where[key]} and {path}:{n}")
+            results[key], where[key] = r, f"{path}:{n}"
+    settings = {json.dumps(run_settings_filled(r.get("run_settings")), sort_keys=True): k for k, r in results.items()}
+    if len(settings) > 1:
+        raise ValueError("the runs were made with different settings; not merging: "
+                         + " vs ".join(f"{where[k]}: {s}" for s, k in settings.items()))
+    return results
+
+
+def report_only(a) -> int:
+    """--report_only: merge the runs (and warm-up figures) of ``a.runs`` and write the report."""
+    paths = [Path(p) for p in (a.runs or [Path(a.output_dir) / "runs.jsonl"])]
+    results = load_runs(paths)
+    warmups, wall = {}, 0.0
+    for path in paths:
+        w = path.parent / "warmups.json"
+        if w.exists():
+            for seed, stats in json.loads(w.read_text()).items():
+                warmups.setdefault(str(seed), stats)
+        inv = path.parent / "invocation.json"
+        wall += json.loads(inv.read_text())["wall_seconds"] if inv.exists() else float("nan")
+    arms = [arm for arm in ARMS if arm in a.arms and any(k[1] == arm for k in results)]
+    if not a.seeds_given:
+        a.seeds = sorted({s for s, _ in results})
+    a.arms = arms
+    seeds = [s for s in a.seeds if all((s, arm) in results for arm in arms)]
+    if results:  # the merged runs' own settings, not this invocation's defaults
+        for k, v in (next(iter(results.values())).get("run_settings") or {}).items():
+            setattr(a, k, v)
+    res_dir = Path(default_results_dir(a, seeds))
+    res_dir.mkdir(parents=True, exist_ok=True)
+    return write_report(a, results, seeds, warmups, wall, res_dir)

@@ -1,0 +1,265 @@
+"""The learning benchmark's settings and command line: the arms, the seeds, the testbeds' settings, the map's
+conditions, ``parse_args`` and where the results go. Imports nothing heavy, so ``--help`` answers at once."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import __doc__ as PACKAGE_DOC
+from .statistics import eval_schedule
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+# The arms: GiGPOConfig fields that differ between them (everything else is shared).
+ARMS = {
+    "GiGPO": {"step_advantage_weight": 1.0},
+    "GRPO": {"step_advantage_weight": 0.0},
+    "HGPO": {"step_advantage_weight": 1.0, "step_grouping": "hierarchical", "hierarchy_depth": 2},
+    # the recipe's ALFWorld run script: gamma 0.10 (its WebShop script: 0.20), distance form off
+    "GraphGPO": {"step_advantage_weight": 1.0, "step_return": "graph", "gamma": 0.1, "graph_normalize_distance": False},
+}
+
+
+# Fixed before the headline run; never used for a design run (the budget's design run uses DESIGN_SEEDS, the
+# warm-up was checked on 1, 2 and 100-103).
+HEADLINE_SEEDS = [200, 201, 202, 203, 204, 205, 206, 207, 208, 209]
+
+
+DESIGN_SEEDS = [100, 101, 102, 103, 104]
+
+
+# The map (issue 35; pre-registered in benchmarks/README.md, "The map" section, before any of its runs): fresh seeds,
+# never used before (not 0-11, 100-104, 200-209, 300-304, 500-509), the map's design seeds apart from them.
+MAP_SEEDS = [600, 601, 602, 603, 604, 605, 606, 607]
+
+
+MAP_DESIGN_SEEDS = [700, 701, 702, 703, 704]
+
+
+MAP_EVAL_TASKS = 128
+
+
+# One cell of the map per condition: the corridor settings and config fields that differ from the headline
+# testbed's (TESTBEDS["corridor"]); ``iterations`` None = not yet set by the condition's design run (the budget
+# rule in benchmarks/README.md), so the condition refuses to run without an explicit --iterations.
+# ``axis``/``label``: where the cell sits in the map's figure. ``arms``: GraphGPO matches states exactly (its graph's
+# nodes), so it has no similarity-anchor cell.
+CONDITIONS = {
+    "h6": dict(axis="horizon", label="6 rooms", length=6, max_turns=15, walk_turns=18, iterations=10),
+    "h12": dict(axis="horizon", label="12 rooms", length=12, max_turns=30, walk_turns=36, iterations=10),
+    "h24": dict(axis="horizon", label="24 rooms", length=24, max_turns=60, walk_turns=72, iterations=10),
+    "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=10),
+    "clock_sim": dict(axis="anchors", label="nuisance,\nsimilarity 0.9", nuisance="clock",
+                      anchor_similarity_threshold=0.9, iterations=10,
+                      arms=("GiGPO", "GRPO", "HGPO")),
+    "clock_hook": dict(axis="anchors", label="nuisance,\nanchor_state()", nuisance="clock",
+                       anchor_drops_nuisance=True, iterations=10),
+    "trap": dict(axis="failure", label="trap door", trap_door=True, iterations=20),
+}
+
+
+# Cells that the figure's axes share: h12 is also "exact anchors" and "diffuse failure".
+MAP_AXES = {"horizon": ["h6", "h12", "h24"], "anchors": ["h12", "clock", "clock_sim", "clock_hook"],
+            "failure": ["h12", "trap"]}
+
+
+MAP_AXIS_LABELS = {("anchors", "h12"): "exact\n(no nuisance)", ("failure", "h12"): "diffuse\n(dead ends)"}
+
+
+# Settings per testbed; any --flag given on the command line overrides them.
+TESTBEDS = {
+    "corridor": dict(
+        # iterations from the design run on DESIGN_SEEDS (GRPO's 5-iteration running mean of training success
+        # reached 0.5 at iterations 9, 7, 6, 6 on seeds 100-103: the first multiple of 10 is 10; benchmarks/README)
+        env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=2, iterations=10,
+        eval_every=2, eval_every_early=2, groups=4, num_generations=8, spg=4, lr=2.5e-5, gamma=0.95, train_tasks=256, eval_tasks=64,
+        warmup_steps=400, warmup_max_steps=6000, seeds=HEADLINE_SEEDS, think=True, actions="doors",
+        max_completion_length=10,
+        advantage_mode="mean_std_norm",
+    ),
+    "frozenlake4": dict(
+        env="frozenlake", map_size=4, p=0.8, max_turns=10, walk_turns=10, history_length=0, iterations=100,
+        eval_every=25, eval_every_early=25, groups=8, num_generations=8, spg=4, lr=3e-4, gamma=0.95, train_tasks=64,
+        eval_tasks=100,
+        warmup_steps=1000, warmup_max_steps=3000, seeds=[0, 1, 2], think=True, max_completion_length=10,
+        advantage_mode="mean_norm",
+    ),
+}
+
+
+WARMUP_KEYS = ("testbed", "env", "length", "directions", "nuisance", "trap_door", "map_size", "p", "max_turns",
+               "walk_turns", "history_length", "train_tasks", "think", "actions", "hidden", "layers", "vocab", "warmup_steps", "warmup_max_steps",
+               "warmup_legal", "warmup_batch", "warmup_lr", "warmup_balance_steps", "warmup_balance_tol",
+               "warmup_check", "warmup_restart_steps")
+
+
+# The settings a (seed, arm) run's result depends on: runs merged by --report_only must agree on them.
+RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "groups", "num_generations", "spg", "lr",
+                          "gamma", "eval_tasks", "advantage_mode", "max_completion_length", "sampled_eval_temperature",
+                          "condition", "anchor_drops_nuisance", "anchor_similarity_threshold")
+
+
+# Settings the map (issue 35) added to RUN_KEYS, at the values that reproduce the runs made before them: a run
+# whose run_settings lack them was made with these, so it merges with a new run of the same protocol.
+MAP_KEY_DEFAULTS = {"nuisance": None, "trap_door": False, "condition": None, "anchor_drops_nuisance": False,
+                    "anchor_similarity_threshold": None}
+
+
+def run_settings_filled(settings: dict | None) -> dict | None:
+    """``settings`` with every key of ``MAP_KEY_DEFAULTS`` it lacks set to that default (None stays None)."""
+    return None if settings is None else MAP_KEY_DEFAULTS | settings
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=PACKAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--testbed", default="corridor", choices=sorted(TESTBEDS))
+    p.add_argument("--condition", choices=list(CONDITIONS), default=None,
+                   help="one cell of the map (CONDITIONS; corridor): its settings, MAP_SEEDS, MAP_EVAL_TASKS eval "
+                        "tasks; results to benchmarks/results/map/CONDITION/ for a complete cell")
+    p.add_argument("--map_report", action="store_true",
+                   help="no training: the map's table and figure from every --map_dir/*/learning.json")
+    p.add_argument("--map_dir", default=None, help="--map_report: folder of the cells (default benchmarks/results/map)")
+    p.add_argument("--nuisance", choices=["turn", "clock"], default=None,
+                   help="corridor: a second observation line that never helps (CorridorEnv's nuisance)")
+    p.add_argument("--anchor_drops_nuisance", action="store_true", default=None,
+                   help="corridor: anchor_state() drops the nuisance line")
+    p.add_argument("--trap_door", action="store_true", default=None,
+                   help="corridor: one dead end per task is a trap door that ends the episode with reward 0")
+    p.add_argument("--anchor_similarity_threshold", type=float, default=None,
+                   help="GiGPOConfig.anchor_similarity_threshold for every arm but GraphGPO (exact states only)")
+    p.add_argument("--warmup_dir", default=None,
+                   help="where the warm-up weights are saved and (--reuse_warmup) found (default --output_dir), so "
+                        "cells with the same warm-up settings share them")
+    p.add_argument("--quick", action="store_true", help="<= 3-minute smoke version (seed 0 unless --seeds, 3 "
+                   "iterations, 16 eval tasks, a short warm-up that may miss its targets)")
+    p.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=None,
+                   help="arms to run (default: all four, GiGPO GRPO HGPO GraphGPO); a split run can also add an arm later, merged with "
+                        "--report_only")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="default: the 10 HEADLINE_SEEDS (corridor), fixed before the headline run")
+    p.add_argument("--output_dir", default="outputs/bench/learning", help="weights and trainer outputs")
+    p.add_argument("--results_dir", default=None, help="learning.json / learning_curve.png (default "
+                   "benchmarks/results for a full run, output_dir otherwise)")
+    p.add_argument("--iterations", type=int, help="rollout/update iterations per arm")
+    p.add_argument("--eval_every", type=int, help="held-out evaluation: the last 3 this many iterations apart")
+    p.add_argument("--eval_every_early", type=int, help="held-out evaluation before the last 3: every this many "
+                   "iterations (see eval_schedule)")
+    p.add_argument("--groups", type=int, help="task groups per iteration")
+    p.add_argument("--num_generations", type=int, help="rollouts per group (N)")
+    p.add_argument("--spg", type=int, help="steps_per_generation (optimizer steps per iteration)")
+    p.add_argument("--length", type=int, help="corridor: number of rooms")
+    p.add_argument("--directions", type=int, choices=[2, 4], help="corridor: doors left/right (2) or anywhere (4)")
+    p.add_argument("--map_size", type=int, help="frozenlake: side of the map")
+    p.add_argument("--p", type=float, help="frozenlake: probability that a cell is frozen")
+    p.add_argument("--max_turns", type=int)
+    p.add_argument("--walk_turns", type=int, help="warm-up prompts: random-walk length bound")
+    p.add_argument("--history_length", type=int)
+    p.add_argument("--train_tasks", type=int, help="size of the training task set")
+    p.add_argument("--eval_tasks", type=int, help="held-out eval tasks")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--gamma", type=float)
+    p.add_argument("--advantage_mode", choices=["mean_norm", "mean_std_norm"])
+    p.add_argument("--max_completion_length", type=int)
+    p.add_argument("--actions", choices=["doors", "moves"],
+                   help="corridor: name the door (DoorCorridor, default) or the direction (CompactCorridor)")
+    p.add_argument("--sampled_eval_temperature", type=float, default=1.0)
+    p.add_argument("--workers", type=int, default=2,
+                   help="runs in parallel processes (each single-threaded); 1 = one after another")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=600)
+    p.add_argument("--report_only", action="store_true",
+                   help="no training: report the runs already in --runs (default OUTPUT_DIR/runs.jsonl), e.g. of a cut "
+                        "run or of a run split across invocations")
+    p.add_argument("--runs", nargs="+", default=None, metavar="RUNS_JSONL",
+                   help="--report_only: runs.jsonl files to merge (each one's warmups.json is read from its folder)")
+    p.add_argument("--warmup_only", action="store_true",
+                   help="warm up the seeds (OUTPUT_DIR/seedS/init, warmups.json), print their figures and stop")
+    p.add_argument("--reuse_warmup", action="store_true",
+                   help="load a seed's warm-up weights from OUTPUT_DIR/seedS/init when a run with the same "
+                        "settings left them there")
+    p.add_argument("--warmup_steps", type=int, help="warm-up steps at least")
+    p.add_argument("--warmup_max_steps", type=int,
+                   help="warm-up steps at most, both phases; a seed that needs more fails the run, naming the seed")
+    p.add_argument("--warmup_balance_steps", type=int, default=200,
+                   help="warm-up phase 2: steps per balance round (learning rate decaying to 0)")
+    p.add_argument("--warmup_balance_tol", type=float, default=0.05,
+                   help="passage preference must end within 0.5 +- this on the final sampled check")
+    p.add_argument("--warmup_check", type=int, default=1024, help="prompts in the warm-up's final sampled check")
+    p.add_argument("--warmup_restart_steps", type=int, default=1500,
+                   help="warm-up phase 1: restart from a fresh init (derived from the seed) when legal play is not "
+                        "reached within this many steps of an attempt (0: never)")
+    p.add_argument("--warmup_legal", type=float, default=0.95,
+                   help="stop the warm-up once this fraction of sampled moves is legal")
+    p.add_argument("--warmup_batch", type=int, default=32)
+    p.add_argument("--warmup_lr", type=float, default=3e-3)
+    a = p.parse_args(argv)
+    a.seeds_given = a.seeds is not None
+    if a.condition is not None:
+        if a.testbed != "corridor":
+            p.error(f"--condition {a.condition} is a corridor cell, not one of --testbed {a.testbed}")
+        cell = {k: v for k, v in CONDITIONS[a.condition].items() if k not in ("axis", "label")}
+        cell |= {"seeds": MAP_SEEDS, "eval_tasks": MAP_EVAL_TASKS}
+        if "arms" in cell:
+            cell["arms"] = list(cell["arms"])
+        for key, value in cell.items():
+            if getattr(a, key, None) is None:
+                setattr(a, key, value)
+        if a.arms and "arms" in CONDITIONS[a.condition]:
+            left_out = [arm for arm in a.arms if arm not in CONDITIONS[a.condition]["arms"]]
+            if left_out:
+                p.error(f"--arms {' '.join(left_out)}: not an arm of condition {a.condition} "
+                        f"({', '.join(CONDITIONS[a.condition]['arms'])})")
+        if a.iterations is None and not (a.report_only or a.warmup_only or a.map_report or a.quick):
+            p.error(f"condition {a.condition}: its iterations are not set yet (the budget rule's design run on "
+                    f"MAP_DESIGN_SEEDS sets CONDITIONS['{a.condition}']['iterations']); give --iterations")
+        if a.iterations is None:
+            a.iterations = 3 if a.quick else TESTBEDS["corridor"]["iterations"]
+        # evaluations every I // 5 iterations (at least 2): the headline's 0, 2, ..., 10 at I = 10, six points
+        # however long the cell's budget
+        for key in ("eval_every", "eval_every_early"):
+            if getattr(a, key) is None:
+                setattr(a, key, max(2, a.iterations // 5))
+    for key, value in TESTBEDS[a.testbed].items():
+        if getattr(a, key, None) is None:
+            setattr(a, key, value)
+    for key in ("length", "directions", "map_size", "p", "actions"):
+        if getattr(a, key) is None:
+            setattr(a, key, 0)
+    a.anchor_drops_nuisance = bool(a.anchor_drops_nuisance)
+    a.trap_door = bool(a.trap_door)
+    if a.anchor_similarity_threshold is not None and not 0.0 < a.anchor_similarity_threshold < 1.0:
+        p.error(f"--anchor_similarity_threshold must be in (0, 1), got {a.anchor_similarity_threshold}")
+    a.arms = a.arms or list(ARMS)
+    a.warmup_fail_soft = a.quick
+    if a.quick:  # a smoke run never touches a headline seed
+        a.seeds = a.seeds[:1] if a.seeds_given else [0]
+        a.iterations = min(a.iterations, 3)
+        a.eval_every = a.eval_every_early = 1
+        a.eval_tasks = min(a.eval_tasks, 16)
+        a.warmup_steps = min(a.warmup_steps, 100)
+        a.warmup_balance_steps = min(a.warmup_balance_steps, 50)
+        a.warmup_max_steps = min(a.warmup_max_steps, 300 + a.warmup_balance_steps)  # room for one balance round
+        a.warmup_check = min(a.warmup_check, 256)
+    try:
+        eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
+    except ValueError as e:
+        p.error(str(e))
+    return a
+
+
+def default_results_dir(a, seeds) -> str:
+    """benchmarks/results only for a complete headline report (corridor, the 10 HEADLINE_SEEDS, default budget),
+    so a partial or quick run never overwrites the committed results; OUTPUT_DIR otherwise."""
+    if a.results_dir is not None:
+        return a.results_dir
+    if a.condition is not None:
+        cell = (not a.quick and sorted(seeds) == sorted(MAP_SEEDS)
+                and a.iterations == CONDITIONS[a.condition]["iterations"] and a.eval_tasks == MAP_EVAL_TASKS)
+        root = str(RESULTS / "map" / a.condition)
+        return root if cell else a.output_dir
+    headline = (not a.quick and a.testbed == "corridor" and sorted(seeds) == sorted(HEADLINE_SEEDS)
+                and a.iterations == TESTBEDS["corridor"]["iterations"])
+    return str(RESULTS) if headline else a.output_dir
