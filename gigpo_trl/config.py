@@ -81,6 +81,11 @@ class GiGPOConfig(GRPOConfig):
             With `step_return="graph"`, the return 10·γ^(d(s') − d(s) + 1) of the progress from the anchor state
             s to the state s' the action led to, instead of 10·γ^d(s') (the recipe's `normalize_distance`; its run
             scripts leave it off).
+        drop_nonfinite_rows (`bool`, *optional*, defaults to `False`):
+            What a NaN or infinite reward, return or advantage does (TRL's loss would silently zero it): `False`
+            raises a `ValueError` naming the rows (task group, trajectory, turn) and the input; `True` logs that as
+            one warning per iteration and drops every row of those trajectories from the loss (zero-masked, so every
+            rank keeps its row count; a non-finite reward counts as 0 in its group's statistics).
 
         > Parameters that control the rollout
 
@@ -232,6 +237,11 @@ class GiGPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "With step_return='graph', the return 10·γ^(d(s') − d(s) + 1) of the progress from the "
                           "anchor state (the recipe's normalize_distance)."},
+    )
+    drop_nonfinite_rows: bool = field(
+        default=False,
+        metadata={"help": "False: a NaN/inf reward, return or advantage raises, naming the rows; True: a warning, and "
+                          "those trajectories' rows are zero-masked out of the loss."},
     )
     # Rollout
     max_turns: int = field(default=50, metadata={"help": "T, the turn limit of an episode."})

@@ -49,6 +49,7 @@ from .checks import check_budget_aux_loss, check_chat_template, check_first_prom
 from .config import GiGPOConfig
 from .dynamic_sampling import DynamicSampler
 from .envs.adapters import resolve_envs
+from .finite import finite_reward_keys, local_advantages
 from .generation import eval_sampling, generation_params_gathered, lora_merged_for_generation
 from .grad_accumulation import DeepSpeedStepGuard
 from .memory import warn_if_budget_exceeds_memory
@@ -298,14 +299,14 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         all_keys = gather_object(keys) if self.accelerator.num_processes > 1 else keys
         counts = gather_object([len(rows)]) if self.accelerator.num_processes > 1 else [len(rows)]
         start = sum(counts[:rank])
-        if all_keys:
-            result = self._advantages(all_keys)
-            advantages = np.asarray(result.advantages, dtype=np.float32)[start : start + len(rows)]
+        if all_keys:  # a non-finite reward, return or advantage raises here, naming its rows (or is zero-masked)
+            result = self._advantages(finite_reward_keys(all_keys))
+            advantages, keep = local_advantages(all_keys, result, start, len(rows), self.args.drop_nonfinite_rows)
         else:
-            result, advantages = None, np.zeros(0, dtype=np.float32)
+            result, advantages, keep = None, np.zeros(0, dtype=np.float32), None
         t_adv = time.perf_counter() - t1
 
-        output = self._rows_to_batch(rows, advantages, counts, mode)
+        output = self._rows_to_batch(rows, advantages, counts, mode, keep)
         notify(self.rollout_observers, "on_advantages", batch, result, replace(context, row_start=start))
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
@@ -326,16 +327,19 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         )
 
     # ------------------------------------------------------------------ batch
-    def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str) -> dict:
+    def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str,
+                       keep: np.ndarray | None = None) -> dict:
         """Pad the rows into TRL's batch dict; zero-mask filler rows make every rank hold the same multiple of
-        steps_per_generation rows (``split_tensor_dict`` drops remainders)."""
+        steps_per_generation rows (``split_tensor_dict`` drops remainders). Rows where ``keep`` is false are
+        zero-masked like filler (dropped without changing any rank's row count)."""
         device = self.accelerator.device
         spg = self.args.steps_per_generation if mode == "train" else 1
         target = max(spg, math.ceil(max(counts) / spg) * spg)
         eos = self.eos_token_ids[0]
         prompt_list = [r.prompt_ids for r in rows]
         completion_list = [r.completion_ids or [eos] for r in rows]
-        mask_list = [[1] * len(r.completion_ids) if r.completion_ids else [0] for r in rows]
+        keep = [True] * len(rows) if keep is None else [bool(k) for k in keep]
+        mask_list = [[1] * len(r.completion_ids) if r.completion_ids and k else [0] for r, k in zip(rows, keep)]
         logps_list = [r.sampling_logps for r in rows]
         adv = list(advantages)
         filler_prompt = prompt_list[0] if prompt_list else [eos]
@@ -368,7 +372,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             "advantages": torch.tensor(adv, dtype=torch.float32, device=device),
             "num_items_in_batch": num_items_in_batch,
             # 1 for a rollout row, 0 for filler: row-mean losses count rollout rows only (see TokenBudgetMixin)
-            "real_row_mask": torch.tensor([1] * len(rows) + [0] * (target - len(rows)), device=device),
+            "real_row_mask": torch.tensor([int(k) for k in keep] + [0] * (target - len(rows)), device=device),
         }
         output.update(self._score_logps(prompt_ids, prompt_mask, completion_ids, completion_mask, logps_list, mode,
                                         real_rows=len(rows)))

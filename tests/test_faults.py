@@ -240,3 +240,62 @@ def test_evaluate_closes_its_pools_when_a_rollout_raises(tmp_path, tiny_model_di
     assert metrics["eval_failed_rate"] == 0.0 and metrics["eval_success_rate"] == 1.0
     assert trainer.collector.pools["default"] is not pool and len(trainer.collector.pools["default"].worker_pids()) == 2
     trainer.collector.close()
+
+
+def test_nonfinite_return_raises_naming_the_rows_or_drops_them(tmp_path, tiny_model_dir, tiny_tokenizer, caplog):
+    """Trajectory 1 earns 1e308 twice: its return overflows to inf, and its group's advantages become infinite. TRL
+    would zero them silently; the trainer raises before the loss, naming the rows and the input. With
+    drop_nonfinite_rows=True the same rows are zero-masked (same row count) and the other group trains as usual."""
+    trainer = GiGPOTrainer(tiny_model_dir, env=FaultyEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    huge = {1: "<action>huge</action>"}
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: huge, 1: huge})
+    trainer.model.train()
+    with pytest.raises(ValueError) as raised:
+        trainer._generate_and_score_completions(TASKS_3)
+    rows = ("12 training row(s) with a non-finite reward, return or advantage (task group '0:3:0' trajectory (0, 0) "
+            "turn 0: advantage -inf; task group '0:3:0' trajectory (0, 1) turn 0: episode return inf; task group "
+            "'0:3:0' trajectory (0, 2) turn 0: advantage -inf; ")
+    message = str(raised.value)
+    assert message.startswith(rows) and "turn 1: episode return inf; " in message
+    assert message.endswith("; and 4 more); TRL would zero them and train nothing on them. Check the environment's "
+                            "rewards (their scale: a return that overflows float64 is inf) and the estimator's inputs, "
+                            "or set drop_nonfinite_rows=True to drop such rows with a warning")
+    assert "'1:3:1'" not in message  # the other group is finite
+
+    trainer.args.drop_nonfinite_rows = True  # trajectory 4 (group 1) writes junk once: an invalid action
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {**huge, 4: "junk"}, 1: huge})
+    seen = capture(trainer)
+    with caplog.at_level(logging.WARNING, logger="gigpo_trl.finite"):
+        trainer._generate_and_score_completions(TASKS_3)
+    assert caplog.text.count(rows) == 1
+    assert "their trajectories' 12 rows are dropped (zero-masked)" in caplog.text
+    batch, out = seen[0]["batch"], seen[0]["out"]
+    assert len(batch.rows) == 24 and out["advantages"].shape[0] >= 24  # no row removed
+    dropped = [i for i, r in enumerate(batch.rows) if r.group_id.startswith("0:")]
+    kept = [i for i, r in enumerate(batch.rows) if r.group_id.startswith("1:")]
+    assert len(dropped) == len(kept) == 12
+    assert out["advantages"][dropped].abs().sum() == 0 and out["completion_mask"][dropped].sum() == 0
+    assert out["real_row_mask"][:24].tolist() == [int(i in kept) for i in range(24)]
+    expected = expected_advantages([batch.rows[i] for i in kept])  # group 1 alone: its own statistics
+    torch.testing.assert_close(out["advantages"][kept], torch.tensor(expected, dtype=torch.float32))
+    assert out["advantages"][kept].abs().sum() > 0
+    trainer.collector.close()
+
+
+def test_nonfinite_reward_is_named_as_the_reward():
+    """A NaN reward (a collector or observer that wrote one; the env pool itself fails such a trajectory) is named as
+    the reward of its row; the estimator runs on the others with that reward counted as 0."""
+    from gigpo_trl.finite import finite_reward_keys, nonfinite_rows
+
+    keys = [("g", "a", "s0", 0.0, True, "s1"), ("g", "b", "s0", 1.0, True, "s1"),
+            ("g", "a", "s1", float("nan"), True, "s2"), ("h", "c", "s0", 1.0, True, "s1")]
+    clean = finite_reward_keys(keys)
+    assert [k[3] for k in clean] == [0.0, 1.0, 0.0, 1.0] and clean[2][:3] == keys[2][:3]
+    groups, trajs, anchors, rewards, valid, _ = zip(*clean)
+    result = compute_gigpo_advantages(rewards=np.array(rewards), group_ids=list(groups), trajectory_ids=list(trajs),
+                                      anchor_states=list(anchors), action_valid=np.array(valid))
+    with pytest.raises(ValueError, match=r"^1 training row\(s\) with a non-finite reward, return or advantage \(task "
+                                         r"group 'g' trajectory 'a' turn 1: reward nan\); TRL would zero them"):
+        nonfinite_rows(keys, result, drop=False)
+    assert nonfinite_rows(keys, result, drop=True).tolist() == [False, True, False, True]  # all of trajectory a
+    assert nonfinite_rows(clean, result, drop=False) is None

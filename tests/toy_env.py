@@ -89,7 +89,8 @@ class LongObsAtTurn3Env(FixedLengthEnv):
 class FaultyEnv(FixedLengthEnv):
     """FixedLengthEnv that misbehaves on command, for the fault tests (tests/test_faults.py).
 
-    ``step`` reacts to the action text: ``"raise"`` raises, ``"nan"`` returns a NaN reward, ``"hang"`` sleeps for a
+    ``step`` reacts to the action text: ``"raise"`` raises, ``"nan"`` returns a NaN reward, ``"huge"`` a reward of
+    1e308 (two of them make an infinite return), ``"hang"`` sleeps for a
     minute (past any test's ``env_step_timeout``), ``"die"`` kills the process it runs in (only ever send it to an
     env in a worker process). ``reset`` raises on the calls whose ordinal (counted per process, from 1) is in the
     class attribute ``fail_resets``: a transient failure of one group member.
@@ -116,6 +117,8 @@ class FaultyEnv(FixedLengthEnv):
         if action == "die":
             os._exit(3)
         obs, reward, done, info = super().step(action)
+        if action == "huge":  # finite, but two of them overflow a float64 return
+            reward = 1e308
         return obs, math.nan if action == "nan" else reward, done, info
 
 
