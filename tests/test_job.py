@@ -275,6 +275,15 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert command in ci_lines
 
 
+def test_contributing_sets_up_with_the_readme_test_command():
+    """CONTRIBUTING.md's set-up block is README's test command, character for character."""
+    _, command = _readme_commands()
+    contributing = (REPO / "CONTRIBUTING.md").read_text()
+    setup = [block.strip() for block in re.findall(r"^```bash\n(.*?)^```", contributing, re.S | re.M)
+             if block.startswith("python3 -m venv")]
+    assert setup == [command]
+
+
 def test_readme_main_job_command_launches_an_example_with_the_ci_install():
     """The quick start's command installs torch as .ci/run does, then `accelerate launch`es an example of examples/
     whose launcher flags accelerate's parser accepts and whose own arguments the job's parser accepts."""
