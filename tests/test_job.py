@@ -195,6 +195,21 @@ def test_example_script_exits_2_with_one_line(tmp_path):
         f"got 1 ({DEBUG_ENV}=1 shows the traceback)"]
 
 
+def test_python_m_job_takes_the_environment_from_env(capsys):
+    from gigpo_trl.job.__main__ import split_env
+
+    assert split_env(["--max_steps", "2"]) == ("webshop", ["--max_steps", "2"])
+    assert split_env(["--env", "sokoban", "--max_steps", "2"]) == ("sokoban", ["--max_steps", "2"])
+    assert split_env(["--max_steps", "2", "--env=frozenlake"]) == ("frozenlake", ["--max_steps", "2"])
+    for argv, got in ((["--env", "chess"], "'chess'"), (["--env"], "''")):
+        with pytest.raises(SystemExit) as exit_info:
+            split_env(argv)
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip() == (
+            f"[gigpo] error: --env must be one of ['alfworld', 'frozenlake', 'sokoban', 'webshop'], got {got} "
+            "(see --help)")
+
+
 # ----------------------------------------------------------------------------------------------- --help
 def test_help_lists_job_and_gigpo_flags_first():
     parser = build_parser({"env": "webshop"}, {**EXAMPLE_DEFAULTS["webshop"], "output_dir": "outputs/gigpo-webshop"})
