@@ -41,10 +41,10 @@ def capture_batches(trainer):
     seen = []
     to_batch = trainer._rows_to_batch
 
-    def wrapped(rows, advantages, counts, mode):
+    def wrapped(rows, advantages, counts, mode, *rest):
         if mode == "train":
             seen.append((list(rows), np.asarray(advantages).copy()))
-        return to_batch(rows, advantages, counts, mode)
+        return to_batch(rows, advantages, counts, mode, *rest)
 
     trainer._rows_to_batch = wrapped
     return seen
