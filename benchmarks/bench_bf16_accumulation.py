@@ -1,4 +1,4 @@
-"""bf16 gradient accumulation over token-budget sub-batches (issue 20, item 3): does summing 16 sub-batch gradients
+"""bf16 gradient accumulation over token-budget sub-batches: does summing 16 sub-batch gradients
 in a bf16 ``.grad`` lose more than the bf16 forward/backward itself already does?
 
 A bf16 tiny Qwen2 and a policy-gradient-shaped loss (Σ advantage × token log-prob / token count) over 16 rows:

@@ -1,5 +1,5 @@
 """LoRA weight sync to vLLM in bf16: how far the frozen base weights drift under TRL's in-place merge/unmerge, and
-under GiGPO's out-of-place merge (issue 20, item 1). No vLLM needed: the tensors vLLM would receive are produced by
+under GiGPO's out-of-place merge. No vLLM needed: the tensors vLLM would receive are produced by
 ``VLLMGeneration._iter_named_params`` (TRL's, or the one :func:`gigpo_trl.vllm_glue.install_out_of_place_lora_sync`
 installs), exactly as ``sync_weights`` reads them.
 

@@ -1,4 +1,4 @@
-"""Padding invariance of per-token log-probs in bf16 (issue 20, item 2): the same row scored behind different
+"""Padding invariance of per-token log-probs in bf16: the same row scored behind different
 amounts of left padding, with TRL's forward (no ``position_ids``: positions 0..L-1 of the padded row) and with
 positions from the attention mask (:func:`gigpo_trl.positions.install_mask_positions`), for the sdpa and eager
 attention kernels.

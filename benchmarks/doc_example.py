@@ -1,4 +1,4 @@
-"""Run a documentation example as written, on the default model, and print what it measures (issue 31).
+"""Run a documentation example as written, on the default model, and print what it measures.
 
     python benchmarks/doc_example.py README.md              # the notebook snippet (WebShop, ~13 min on 2 cores)
     python benchmarks/doc_example.py docs/environments.md   # the Hanoi TRL example (~3 min)

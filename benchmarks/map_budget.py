@@ -1,4 +1,4 @@
-"""The map's budget rule (benchmarks/README.md, "The map (issue 35): where step credit pays — pre-registration")
+"""The map's budget rule (benchmarks/experiments/map.md, "Pre-registration")
 applied to one design run: the iterations I of each cell that shares it, with the cap arithmetic printed.
 
     python benchmarks/map_budget.py outputs/bench/map/design/clock clock:4:45:1 clock_hook:4:35:0 clock_sim:3:30:0

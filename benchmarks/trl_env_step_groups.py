@@ -1,4 +1,4 @@
-"""Step groups of a TRL-style tool environment trained with GiGPOTrainer (issue 25's closing figure).
+"""Step groups of a TRL-style tool environment trained with GiGPOTrainer.
 
 A TRL ``environment_factory`` class (Tower of Hanoi, tool ``move(src, dst)``, ``get_reward()``) goes to
 ``GiGPOTrainer(env=...)`` unchanged. The policy's *moves* come from a seeded random player writing native

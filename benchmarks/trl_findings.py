@@ -1,4 +1,4 @@
-"""What we learned about TRL 1.16's multi-turn path (issue 37), measured: three findings, each demonstrated and printed.
+"""What we learned about TRL 1.16's multi-turn path, measured: three findings, each demonstrated and printed.
 
 Uses the :class:`Ticker` environment (call ``tick()`` exactly ``--calls`` times; ``get_reward()`` 1 when the count is
 right) and the scripted player of ``benchmarks/bench_vs_trl.py`` (fixed completions, so the figures do not depend

@@ -5,7 +5,7 @@
 Runs ``gigpo_trl.job.main("webshop", ...)`` unchanged, except that the WebShop env's splits are re-cut from the
 training goals: its last ``--design_eval_goals`` training goals become the evaluation split and the others stay the
 training split, so choosing the sizes never looks at the held-out eval goals (the rule and the runs:
-benchmarks/README.md, "Warm-up"). Prints the job's own lines (phase table, ``[gigpo] done in N s``).
+benchmarks/experiments/warmup.md). Prints the job's own lines (phase table, ``[gigpo] done in N s``).
 """
 
 from __future__ import annotations

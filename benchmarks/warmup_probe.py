@@ -1,4 +1,4 @@
-"""Warm-up probe (issue 31, training goals only): after the warm-up, does the policy take the expert's action on the
+"""Warm-up probe (training goals only): after the warm-up, does the policy take the expert's action on the
 expert's own product pages?
 
     python benchmarks/warmup_probe.py [--episodes 24] [--epochs 2] [--lr 1e-3] [--item_epochs K] [--save F.safetensors]
@@ -11,7 +11,7 @@ step), then greedy-decodes (64 new tokens) every product-page row of the expert'
 prints how many of the expert's option clicks and buys the policy repeats (``select rows a/b, buy rows c/d``); the
 completions go to ``PREFIX_<phase>.json``. ``--item_epochs K`` then trains K more epochs on the product-page
 demonstrations only and probes again. A much cheaper reading than a whole evaluation (one SFT, ~76 prompts, no
-rollouts); the figures are in benchmarks/README.md, "Warm-up"."""
+rollouts); the figures are in benchmarks/experiments/warmup.md."""
 import os, sys, time, json, re
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -7,7 +7,7 @@ Reads the evaluation records of a job run (``OUTPUT_DIR/records/eval/<name>*.jso
 every turn, compares the policy's action with ``expert_action()`` in the state the policy reached. Prints, per page
 kind (search, results, item: option turns = the expert would click an option, buy turns = the expert would buy), how
 many turns matched the expert and what the policy did instead. Records of ``benchmarks/warmup_design.py`` replay the
-same way (their tasks are goal ids of the training split). Tables of this script: benchmarks/README.md, "Warm-up".
+same way (their tasks are goal ids of the training split). Tables of this script: benchmarks/experiments/warmup.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
         --config configs/webshop_gpu.yaml                                        # paper scale
     accelerate launch examples/train_webshop.py --data_dir /path/to/webshop/data # official WebShop files
 
-The defaults (gigpo_trl.job.EXAMPLE_DEFAULTS) are smoke-sized for a CPU (benchmarks/README.md gives the measured time);
+The defaults (gigpo_trl.job.EXAMPLE_DEFAULTS) are smoke-sized for a CPU (benchmarks/experiments/warmup.md gives the measured time);
 without CUDA they also bound memory (gigpo_trl.job.CPU_DEFAULTS: gradient checkpointing, max_tokens_per_microbatch
 1024; the run peaked at 2.73 GB, and `--max_tokens_per_microbatch N` moves it by ~1.3 MB per token: docs/memory.md);
 every GiGPOConfig field can be overridden on the command line (`--max_steps 10`) or in a `--config` YAML file

@@ -44,7 +44,7 @@ def lora_merged_for_generation(model_wrapped, accelerator, use_vllm: bool):
     unmerge it on exit, also when the block raises.
 
     An unmerged LoRA adapter on every linear layer adds two small matmuls and a dropout call per layer and token;
-    on a CPU that nearly doubles the prompt prefill of the default model (measured in benchmarks/README.md,
+    on a CPU that nearly doubles the prompt prefill of the default model (measured in benchmarks/experiments/warmup.md,
     "Warm-up"). Merged, the forward is one matmul per layer and computes the same function up to float rounding.
     The base weights come back from ``unmerge_adapter`` up to one rounding per merge (float32: ~1e-7 relative), as
     in TRL's own vLLM weight sync, which merges and unmerges every step.

@@ -17,7 +17,7 @@ class Fp32GradAccumulator:
     the sub-batches but the last (moves ``.grad``, i.e. earlier micro-batches' gradients and the previous
     sub-batch's, into an fp32 buffer and clears it, so each backward writes its own gradient exactly), once more
     after them, then :meth:`restore` (``.grad`` = the buffer cast once); the last sub-batch's backward then adds
-    into that ``.grad`` as usual. The error this saves against one bf16 sum: benchmarks/README.md, "bf16 numerics".
+    into that ``.grad`` as usual. The error this saves against one bf16 sum: benchmarks/results/bench_bf16_accumulation.json.
 
     Memory: one fp32 copy of the trainable parameters' gradients while a micro-batch runs (LoRA: the adapter only).
     Not used under DeepSpeed or FSDP, which own the gradients (see :meth:`for_model`).

@@ -21,7 +21,7 @@ vocabulary V):
 output each; the attention's query and output, key and value counted as h; the MLP's gate, its SiLU and the up
 projection). The three constants are fitted to the default model on a CPU (SmolLM2-135M-Instruct, fp32, LoRA,
 rows of 500-1,000 tokens; ``python benchmarks/bench_memory.py --default-model``; the measured growth per token and
-the fit: benchmarks/README.md, "--default-model"). Resident memory includes the allocator's freed-but-kept
+the fit: benchmarks/results/bench_memory.json). Resident memory includes the allocator's freed-but-kept
 blocks, so the estimate errs high on a GPU; and TRL's LM-head tiles stop growing at 4,096 tokens, so on a CPU it
 also errs high above that budget.
 """
@@ -32,7 +32,7 @@ import os
 import warnings
 from pathlib import Path
 
-# Fitted to the CPU measurements of the default model (benchmarks/README.md, "--default-model").
+# Fitted to the CPU measurements of the default model (benchmarks/results/bench_memory.json).
 RECOMPUTE_COPIES = 14.0
 NO_CHECKPOINTING_COPIES = 1.8
 LM_HEAD_COPIES = 6.0

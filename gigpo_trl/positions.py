@@ -4,7 +4,7 @@ A decoder called without ``position_ids`` (TRL's scoring and training forwards p
 0..L-1 of the *padded* row, so a left-padded token sits at another position in a batch of another width, and a
 rotary model sees another rotation: the per-token log-probs of one row then differ between the scoring pass and a
 training sub-batch trimmed to another width, which breaks π/π_old = 1 on-policy in bf16 (figures:
-benchmarks/README.md, "bf16 numerics"). :func:`install_mask_positions` makes every forward without ``position_ids``
+benchmarks/results/bench_positions.json). :func:`install_mask_positions` makes every forward without ``position_ids``
 use ``cumsum(mask) − 1``, what ``transformers``' ``generate``
 (``GenerationMixin._prepare_position_ids_for_generation``) and vLLM use.
 """

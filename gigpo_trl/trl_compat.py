@@ -246,7 +246,7 @@ def fused_lm_head_labelled_only():
     positions that carry a label (≠ −100) on every device, as TRL already does on CUDA/XPU. TRL 1.16 projects every
     position elsewhere (its reason: tile shapes that change per batch recompile on Neuron), so on a CPU a
     completion-only SFT row, mostly prompt, pays the vocabulary-wide LM head, forward and backward, on every prompt
-    position (the warm-up's cost of it: ``benchmarks/README.md``, "Warm-up"). The log-probs,
+    position (the warm-up's cost of it: ``benchmarks/experiments/warmup.md``). The log-probs,
     loss and gradients are the same numbers up to float summation order (``test_fused_lm_head_labelled_only``).
     Relies on ``trl.trainer.utils._use_triton`` deciding only that choice in ``add_fused_lm_head``'s forward (the
     chunked kernel's own tile fold reads ``trl.kernels.chunked_logprob._use_triton``, left as it is); restored on

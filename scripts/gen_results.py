@@ -93,9 +93,9 @@ def memory_row() -> str:
 # (what, result function, source): the words of each row of README's "Headline results".
 HEADLINE = [
     ("learning: gap to GRPO, held-out corridor success, 10 seeds", learning_row,
-     "`benchmarks/learning.py`"),
+     "[learning](benchmarks/experiments/learning.md), `benchmarks/learning.py`"),
     ("where step credit pays: gap to GRPO over 7 map cells (horizon, anchors, failure cause), 8 fresh seeds each",
-     map_row, "[map](benchmarks/results/map/map.png), [reading](benchmarks/README.md), "
+     map_row, "[map](benchmarks/results/map/map.png), [reading](benchmarks/experiments/map.md), "
               "`benchmarks/learning.py --condition NAME`"),
     ("estimator speed vs the reference's algorithm", advantage_row, "`benchmarks/bench_advantage.py`"),
     ("rollout overhead vs the bare generate calls", rollout_row, "`benchmarks/bench_rollout.py`"),
@@ -112,9 +112,142 @@ def headline_table() -> str:
     return "\n".join(rows)
 
 
+# ------------------------------------------------------------------------------------------ experiment pages
+MAP_CELLS = {  # cell -> its label in the map's table
+    "h6": "`h6` (6 rooms)", "h12": "`h12` (12 rooms; exact anchors; diffuse failure)", "h24": "`h24` (24 rooms)",
+    "clock": "`clock` (nuisance, exact anchors)", "clock_sim": "`clock_sim` (nuisance, similarity 0.9)",
+    "clock_hook": "`clock_hook` (nuisance, `anchor_state()`)", "trap": "`trap` (12 rooms, trap door)",
+}
+MAP_ARMS = ("GiGPO", "HGPO", "GraphGPO")
+
+
+def map_table() -> str:
+    cells = load("map/map")["gaps_to_grpo"]
+    rows = ["| cell | " + " | ".join(f"{arm} − GRPO" for arm in MAP_ARMS) + " |", "|---" * (len(MAP_ARMS) + 1) + "|"]
+    for cell, label in MAP_CELLS.items():
+        gaps = [gap(cells[cell][arm]) if arm in cells[cell] else "not an arm" for arm in MAP_ARMS]
+        rows.append(f"| {label} | " + " | ".join(gaps) + " |")
+    return "\n".join(rows)
+
+
+def learning_table() -> str:
+    gaps = load("learning")["gaps"]
+    rows = ["| gap | held-out success, sampled T = 1 (primary) | AUC, T = 1 | greedy |", "|---|---|---|---|"]
+    for pair in ("GiGPO-GRPO", "HGPO-GRPO", "GraphGPO-GRPO", "HGPO-GiGPO", "GraphGPO-GiGPO"):
+        x, y = pair.split("-")
+        rows.append(f"| {x} − {y} | {gap(gaps[pair + '/T=1'])} | {gap(gaps[pair + '/AUC T=1'])} | "
+                    f"{gap(gaps[pair + '/greedy'])} |")
+    return "\n".join(rows)
+
+
+def main_job_table() -> str:
+    f = load("main_job")["figures"]
+    rows = ["| phase | success | task score | invalid |", "|---|---|---|---|"]
+    for key, label in (("before", "before"), ("after_warmup", "after the warm-up"), ("after_gigpo", "after one GiGPO iteration")):
+        rows.append(f"| {label} | {f['success'][key]:.3f} | {f['task_score'][key]:.3f} | {f['invalid'][key]:.3f} |")
+    rows.append(f"\nThe job took {f['job_seconds']:,} s (`[gigpo] done in`), peak RSS {f['peak_rss_gb']:.2f} GB, "
+                f"{f['eval_goals']} goals per evaluation.")
+    return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------------ benchmarks/README.md
+def _fig(name: str) -> dict:
+    return load(name)["figures"]
+
+
+# (script, what it measures, command, headline figure, where to read more): the index of benchmarks/README.md.
+INDEX = [
+    ("learning.py", "GiGPO vs GRPO vs HGPO vs GraphGPO at equal budget on the corridor testbed, 10 seeds",
+     "python benchmarks/learning.py", lambda: learning_row().replace(" pp, 95 % CI [", " pp ["), "[learning](experiments/learning.md)"),
+    ("learning.py --condition", "the map: the gap to GRPO in 7 cells (horizon, anchors, failure cause), 8 seeds each",
+     "python benchmarks/learning.py --condition h24",
+     lambda: f"GiGPO − GRPO at 24 rooms {gap(load('map/map')['gaps_to_grpo']['h24']['GiGPO'], ' pp')}",
+     "[map](experiments/map.md)"),
+    ("map_budget.py", "the map's budget rule applied to a design run (iterations per cell)",
+     "python benchmarks/map_budget.py DESIGN_DIR CELL:ARMS:MINUTES:WARMUP", None, "[map](experiments/map.md)"),
+    ("warmup_design.py", "the main job on training goals only, to size its expert warm-up",
+     "python benchmarks/warmup_design.py --design_eval_goals 30",
+     lambda: (f"the job: success {_fig('main_job')['success']['before']:.3f} → "
+              f"{_fig('main_job')['success']['after_gigpo']:.3f} on 30 held-out goals, "
+              f"{_fig('main_job')['job_seconds']:,} s"), "[warm-up](experiments/warmup.md)"),
+    ("warmup_probe.py", "whether the warmed-up policy takes the expert's action on the expert's pages",
+     "python benchmarks/warmup_probe.py --episodes 24", None, "[warm-up](experiments/warmup.md)"),
+    ("warmup_replay.py", "an evaluation's episodes replayed against the expert, page by page",
+     "python benchmarks/warmup_replay.py OUT --name eval_eval", None, "[warm-up](experiments/warmup.md)"),
+    ("doc_example.py", "a documentation example run as written on the default model",
+     "python benchmarks/doc_example.py docs/environments.md",
+     lambda: (f"Hanoi: success {_fig('doc_example')['hanoi']['success_before']:.1f} → "
+              f"{_fig('doc_example')['hanoi']['success_after']:.1f} in {_fig('doc_example')['hanoi']['seconds']} s"),
+     "[results](results/doc_example.json)"),
+    ("bench_advantage.py", "the estimator alone: speed against the reference's algorithm, HGPO and GraphGPO cost",
+     "python benchmarks/bench_advantage.py", advantage_row, "[results](results/bench_advantage.json)"),
+    ("bench_rollout.py", "the collector's rollout against its bare generate calls", "python benchmarks/bench_rollout.py",
+     lambda: f"{rollout_row()} (target ≤ {_fig('bench_rollout')['target_ratio_max']}×)", "[results](results/bench_rollout.json)"),
+    ("bench_rollout.py --backend vllm", "rollout throughput, vLLM colocate vs transformers generate (CPU)",
+     ".venv-vllm/bin/python benchmarks/bench_rollout.py --backend vllm",
+     lambda: f"{_fig('bench_rollout_vllm')['speedup_tokens_per_s']:.1f}× tokens/s",
+     "[results](results/bench_rollout_vllm.json)"),
+    ("bench_vs_trl.py", "time and memory against TRL's multi-turn GRPO on the same episodes",
+     "python benchmarks/bench_vs_trl.py --calls 3 --arms trl,ours", vs_trl_row, "[results](results/bench_vs_trl.json)"),
+    ("trl_findings.py", "three behaviours of TRL's multi-turn path, reproduced", "python benchmarks/trl_findings.py",
+     None, "the script's docstring"),
+    ("bench_memory.py", "memory of one step against episode length, token budget on and off; the default model",
+     "python benchmarks/bench_memory.py --default-model",
+     lambda: (f"{memory_row()} at a 1,024-token budget; 40 vs 5 turns "
+              f"{_fig('bench_memory')['turns']['peak_ratio_40_vs_5_turns']['budget_on']:.2f}× with the budget, "
+              f"{_fig('bench_memory')['turns']['peak_ratio_40_vs_5_turns']['budget_off']:.2f}× without"),
+     "[results](results/bench_memory.json)"),
+    ("bench_prefix_sharing.py", "the loss forward with and without shared prompt prefixes",
+     "python benchmarks/bench_prefix_sharing.py --calls 3 --layers 2",
+     lambda: (f"{_fig('bench_prefix_sharing')['seconds']['unshared']} s → "
+              f"{_fig('bench_prefix_sharing')['seconds']['shared']} s, gradients within "
+              f"{_fig('bench_prefix_sharing')['grad_rel_diff']:.0e}"), "[results](results/bench_prefix_sharing.json)"),
+    ("bench_envs.py", "environment steps per second and the worker pool's speed-up", "python benchmarks/bench_envs.py",
+     lambda: ", ".join(f"{k} {v:.2f}×" for k, v in _fig("bench_envs")["pool_speedup_2_vs_1_workers"].items())
+     + " with 2 workers", "[results](results/bench_envs.json)"),
+    ("bench_iteration.py", "seconds per iteration of the tests' tiny setup", "python benchmarks/bench_iteration.py",
+     lambda: f"{_fig('bench_iteration')['seconds_per_iteration']} s per iteration", "[results](results/bench_iteration.json)"),
+    ("bench_records.py", "cost of the rollout records and the report on the main job",
+     "python benchmarks/bench_records.py",
+     lambda: (f"records {_fig('bench_records')['records_share_of_iteration_pct']:.3f} % of an iteration, report "
+              f"{_fig('bench_records')['report_s']} s"), "[results](results/bench_records.json)"),
+    ("trl_env_step_groups.py", "step groups of a TRL tool environment trained by GiGPOTrainer",
+     "python benchmarks/trl_env_step_groups.py",
+     lambda: (f"mean step-group size of a row {_fig('trl_env_step_groups')['level0_row_group_size_mean'][0]}"),
+     "[results](results/trl_env_step_groups.json)"),
+    ("bench_lora_sync.py", "bf16 LoRA weight sync: TRL's in-place merge against an out-of-place one",
+     "python benchmarks/bench_lora_sync.py",
+     lambda: (f"base weights moved after 300 syncs: "
+              f"{100 * _fig('bench_lora_sync')['base_elements_moved_after_300_syncs']['trl_in_place']:.1f} % "
+              f"in place, {100 * _fig('bench_lora_sync')['base_elements_moved_after_300_syncs']['out_of_place']:.1f} "
+              "% out of place"), "[results](results/bench_lora_sync.json)"),
+    ("bench_positions.py", "bf16 log-probs behind left padding: TRL's positions against positions from the mask",
+     "python benchmarks/bench_positions.py",
+     lambda: (f"largest Δ log p {_fig('bench_positions')['bf16_max_abs_dlogp']['trl_positions_eager']:.1e} → "
+              f"{_fig('bench_positions')['bf16_max_abs_dlogp']['mask_positions_eager']:.1e} (eager attention)"),
+     "[results](results/bench_positions.json)"),
+    ("bench_bf16_accumulation.py", "bf16 gradients summed over sub-batches, in bf16 and in fp32",
+     "python benchmarks/bench_bf16_accumulation.py",
+     lambda: (f"error vs fp32 {_fig('bench_bf16_accumulation')['rel_error_vs_fp32_seed0']['summed_in_bf16']:.2e} "
+              f"summed in bf16, {_fig('bench_bf16_accumulation')['rel_error_vs_fp32_seed0']['summed_in_fp32']:.2e} "
+              "in fp32"), "[results](results/bench_bf16_accumulation.json)"),
+]
+
+
+def index_table() -> str:
+    rows = ["| script | what it measures | command | headline figure | more |", "|---|---|---|---|---|"]
+    for script, what, command, figure, more in INDEX:
+        rows.append(f"| `{script}` | {what} | `{command}` | {figure() if figure else '—'} | {more} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------------ the blocks
 BLOCKS = {  # page -> {block name: render function}
     "README.md": {"headline": headline_table},
+    "benchmarks/experiments/map.md": {"map": map_table},
+    "benchmarks/experiments/learning.md": {"learning": learning_table},
+    "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
+    "benchmarks/README.md": {"index": index_table},
 }
 
 

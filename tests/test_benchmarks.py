@@ -94,7 +94,7 @@ def test_every_results_file_names_its_command_commit_date_and_machine(path):
     data = json.loads(path.read_text())
     missing = [key for key in results_io.PROVENANCE if not str(data.get(key, "")).strip()]
     assert not missing, f"{path.relative_to(REPO)} lacks {missing}"
-    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["date"]) and "python" in data["command"]
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", data["date"]) and re.search(r"\bpython|\bbash", data["command"])
 
 
 def test_write_result_records_provenance_and_keeps_other_runs_out_of_the_record(tmp_path, monkeypatch):

@@ -189,9 +189,11 @@ def test_config_docs_parse_every_field_of_the_docstring():
 
 
 def test_relative_links_resolve():
-    """Every relative Markdown link of README.md, docs/*.md and tests/README.md points at an existing file."""
+    """Every relative Markdown link of README.md, docs/*.md, tests/README.md and the benchmark pages points at an
+    existing file."""
     broken = []
-    for page in [*PAGES, REPO / "tests" / "README.md"]:
+    benchmark_pages = [REPO / "benchmarks" / "README.md", *sorted((REPO / "benchmarks" / "experiments").glob("*.md"))]
+    for page in [*PAGES, REPO / "tests" / "README.md", *benchmark_pages]:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
                 continue

@@ -33,7 +33,7 @@ def test_deepspeed_step_guard_names_both_counts_and_the_accelerate_version():
 def test_bf16_sub_batch_gradients_are_summed_in_fp32(bf16_trainer, monkeypatch):
     """One row per sub-batch (32 sub-batches) on the bf16 model, against the fp32 gradient of the same weights:
     summed in fp32 its relative error is below one unsplit bf16 backward's, and summed in the bf16 ``.grad`` it is
-    more than 1.5 times the fp32 sum's (figures: benchmarks/README.md, "bf16 numerics")."""
+    more than 1.5 times the fp32 sum's (figures: benchmarks/results/bench_bf16_accumulation.json)."""
     from gigpo_trl import grad_accumulation
 
     trainer, rows = bf16_trainer

@@ -33,7 +33,7 @@ def test_wilson_and_newcombe_intervals_match_newcombe_1998():
     # the main job's "+0.000 [-0.114, +0.114]" for 0/30 against 0/30
     assert wilson_interval(0, 30) == pytest.approx((0.0, 0.113513), abs=1e-6)
     assert two_proportion_interval(0, 30, 0, 30) == pytest.approx((0.0, -0.113513, 0.113513), abs=1e-6)
-    # the warm-up size rule's margin (benchmarks/README.md): 9 of 30 against 0 of 30
+    # the warm-up size rule's margin (benchmarks/experiments/warmup.md): 9 of 30 against 0 of 30
     assert two_proportion_interval(9, 30, 0, 30)[1] == pytest.approx(0.1249, abs=5e-5)
     with pytest.raises(ValueError, match="successes=31, n=30"):
         wilson_interval(31, 30)

@@ -28,8 +28,8 @@ def _logps_at_widths(trainer, row_ids, n_prompt, pads):
 def test_same_row_in_batches_of_different_widths_gives_identical_logps(bf16_trainer):
     # What positions decide: with eager attention and shifts of whole 64-column blocks (the CPU bf16 GEMMs then sum
     # the same products in the same order), a row's log-probs are bit-identical; with TRL's positions they are not.
-    # Other shifts, and PyTorch's CPU sdpa kernel at any shift, still round differently (figures: benchmarks/README.md,
-    # "bf16 numerics"); the on-policy ratio is exactly 1 whatever the kernel (test_trainer.py,
+    # Other shifts, and PyTorch's CPU sdpa kernel at any shift, still round differently (figures:
+    # benchmarks/results/bench_positions.json); the on-policy ratio is exactly 1 whatever the kernel (test_trainer.py,
     # test_on_policy_ratio_is_exactly_one_with_the_budget).
     trainer, rows = bf16_trainer
     assert next(trainer.model.parameters()).dtype == torch.bfloat16

@@ -30,7 +30,7 @@ HEADLINE_SEEDS = [200, 201, 202, 203, 204, 205, 206, 207, 208, 209]
 DESIGN_SEEDS = [100, 101, 102, 103, 104]
 
 
-# The map (issue 35; pre-registered in benchmarks/README.md, "The map" section, before any of its runs): fresh seeds,
+# The map (pre-registered in benchmarks/experiments/map.md before any of its runs): fresh seeds,
 # never used before (not 0-11, 100-104, 200-209, 300-304, 500-509), the map's design seeds apart from them.
 MAP_SEEDS = [600, 601, 602, 603, 604, 605, 606, 607]
 
@@ -43,7 +43,7 @@ MAP_EVAL_TASKS = 128
 
 # One cell of the map per condition: the corridor settings and config fields that differ from the headline
 # testbed's (TESTBEDS["corridor"]); ``iterations`` None = not yet set by the condition's design run (the budget
-# rule in benchmarks/README.md), so the condition refuses to run without an explicit --iterations.
+# rule in benchmarks/experiments/map.md), so the condition refuses to run without an explicit --iterations.
 # ``axis``/``label``: where the cell sits in the map's figure. ``arms``: GraphGPO matches states exactly (its graph's
 # nodes), so it has no similarity-anchor cell.
 CONDITIONS = {
@@ -72,7 +72,7 @@ MAP_AXIS_LABELS = {("anchors", "h12"): "exact\n(no nuisance)", ("failure", "h12"
 TESTBEDS = {
     "corridor": dict(
         # iterations from the design run on DESIGN_SEEDS (GRPO's 5-iteration running mean of training success
-        # reached 0.5 at iterations 9, 7, 6, 6 on seeds 100-103: the first multiple of 10 is 10; benchmarks/README)
+        # reached 0.5 at iterations 9, 7, 6, 6 on seeds 100-103: the first multiple of 10 is 10; benchmarks/experiments/learning.md)
         env="corridor", length=12, directions=2, max_turns=30, walk_turns=36, history_length=2, iterations=10,
         eval_every=2, eval_every_early=2, groups=4, num_generations=8, spg=4, lr=2.5e-5, gamma=0.95, train_tasks=256, eval_tasks=64,
         warmup_steps=400, warmup_max_steps=6000, seeds=HEADLINE_SEEDS, think=True, actions="doors",
@@ -101,7 +101,7 @@ RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "group
                           "condition", "anchor_drops_nuisance", "anchor_similarity_threshold")
 
 
-# Settings the map (issue 35) added to RUN_KEYS, at the values that reproduce the runs made before them: a run
+# Settings the map added to RUN_KEYS, at the values that reproduce the runs made before them: a run
 # whose run_settings lack them was made with these, so it merges with a new run of the same protocol.
 MAP_KEY_DEFAULTS = {"nuisance": None, "trap_door": False, "condition": None, "anchor_drops_nuisance": False,
                     "anchor_similarity_threshold": None}

@@ -41,7 +41,7 @@ class DoorCorridor(CompactCorridor):
     end. Each action is translated to the env's own move, so observations, dynamics, rewards and anchors are
     ``CorridorEnv``'s; a door that is not in the room (or any other text) is an invalid action. Why: a 100k-
     parameter policy learns "prefer these door words" from reward within this CPU budget, but did not learn
-    "read which side the good door is on" (design runs in benchmarks/README.md); the credit-assignment problem,
+    "read which side the good door is on" (design runs before the protocol of benchmarks/experiments/learning.md); the credit-assignment problem,
     12+ door choices per episode and one reward at the end, is the same."""
 
     system_prompt = "Rooms in a row; one door leads on. Answer <think>go</think><action>DOOR</action>."

@@ -77,7 +77,7 @@ class JobArguments:
     )
 
 
-# The expert warm-up on a CPU (a small model cannot explore without it; sizes: benchmarks/README.md, "Warm-up").
+# The expert warm-up on a CPU (a small model cannot explore without it; sizes: benchmarks/experiments/warmup.md).
 WARMUP_CPU_DEFAULTS = {"warmup_episodes": 12, "warmup_epochs": 2.0, "warmup_learning_rate": 1e-3,
                        "warmup_perturb_rate": 0.0}
 # On a machine without CUDA: fp32, and the memory settings that keep the default model's WebShop run under 4 GB
@@ -87,7 +87,7 @@ CPU_DEFAULTS = {"bf16": False, "use_cpu": True, "gradient_checkpointing": True,
                 "gradient_checkpointing_kwargs": {"use_reentrant": False}, "max_tokens_per_microbatch": 1024,
                 **WARMUP_CPU_DEFAULTS}
 
-# Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; benchmarks/README.md
+# Example defaults: smoke-sized for a CPU (a few iterations, small groups, short episodes; benchmarks/experiments/warmup.md
 # gives the measured time of the WebShop run). They show the path end to end; configs/*_gpu.yaml hold the
 # paper-scale settings.
 _SMALL = {"steps_per_generation": 1, "max_steps": 3, "max_turns": 6, "history_length": 2,
@@ -102,7 +102,7 @@ _LONG_OBS = {**_SMALL, "num_generations": 2, "per_device_train_batch_size": 1, "
 # expert's episodes take 3-5 except 3 %), one GiGPO iteration after the warm-up, 30 held-out goals evaluated in
 # batches of 10 episodes (one batch of 30 held ~30 long product pages in one cache: the job's peak); a warm-up of 24
 # expert episodes into LoRA on every linear layer; 64 completion tokens (the expert's product-page thought takes up
-# to 47). Sizes and measurements: benchmarks/README.md, "warmup_design.py".
+# to 47). Sizes and measurements: benchmarks/experiments/warmup.md.
 _WEBSHOP = {**_LONG_OBS, "history_length": 0, "max_turns": 5, "max_steps": 1, "eval_max_tasks": 30,
             "per_device_eval_batch_size": 10, "max_completion_length": 64, "warmup_episodes": 24,
             "lora_target_modules": ["all-linear"]}

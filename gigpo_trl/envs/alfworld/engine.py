@@ -15,7 +15,7 @@ class _MemoTranslator:
 
     TextWorld translates the PDDL task twice on every ``load`` and again twice on every ``reset``; the translation
     is a pure function of (domain, problem), so an LRU cache makes repeated resets of a game cost only the reload
-    of the SAS task into the planner library (timings: benchmarks/README.md, ``bench_envs.py``).
+    of the SAS task into the planner library (timings: benchmarks/results/bench_envs.json).
     """
 
     def __init__(self, module, maxsize: int = 256):
@@ -57,7 +57,7 @@ def _install_translation_cache() -> None:
 
 def _install_textgen_speedups() -> None:
     """Two exact shortcuts in TextWorld's text generation (``textworld.envs.pddl.textgen``), which every step runs
-    for the feedback and for each admissible command (most of a step's time; benchmarks/README.md):
+    for the feedback and for each admissible command (most of a step's time; benchmarks/results/bench_envs.json):
 
     - the parse of grammar strings (a tatsu PEG parser, reached through :mod:`gigpo_trl.trl_compat`) is memoised: it
       is a pure function of the string; the parse tree is converted to fresh symbol objects on every call
