@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -127,6 +128,12 @@ class GiGPOConfig(GRPOConfig):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
             Evaluate on at most this many tasks of the eval dataset (the first ones).
+        success_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
+            When an episode counts as a success (`episode/success_rate`, `eval_success_rate`, the warm-up's and the
+            records' success) if its environment does not say (an `info["won"]` / `info["success"]`, or the `won` /
+            `success` attribute of a TRL or OpenEnv environment): its last reward is at least this. `None`: the
+            environment's `max_reward` attribute where it has one, else 1.0 (so a partial reward of 0.25 is no
+            success). An episode cut at the turn limit never counts.
 
         > Parameters that control the rollout records (see `gigpo_trl.records`, and `python -m gigpo_trl.report`)
 
@@ -292,6 +299,11 @@ class GiGPOConfig(GRPOConfig):
     eval_max_tasks: int | None = field(
         default=None, metadata={"help": "Evaluate on at most this many tasks of the eval dataset."}
     )
+    success_reward_threshold: float | None = field(
+        default=None,
+        metadata={"help": "Last reward at or above which an episode counts as a success when its environment does not "
+                          "say (info['won'] / info['success']); None: the env's max_reward, else 1.0."},
+    )
     # Rollout records
     rollout_records: bool = field(
         default=False,
@@ -375,6 +387,10 @@ class GiGPOConfig(GRPOConfig):
             raise ValueError(f"rollout_records_every must be an int >= 1, got {every!r}")
         if self.eval_temperature < 0:
             raise ValueError(f"eval_temperature must be >= 0, got {self.eval_temperature}")
+        threshold = self.success_reward_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not math.isfinite(threshold)):
+            raise ValueError(f"success_reward_threshold must be a finite number or None, got {threshold!r}")
         self._check_token_budget()
 
     def _check_estimator(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .envs.base import episode_success, success_threshold
 from .envs.checker import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
 from .observers import RolloutContext, RolloutObserver, notify
@@ -121,6 +122,9 @@ class RolloutCollector:
         progress: show a per-turn tqdm bar.
         require_think: mark completions without ``<think>`` invalid.
         templates: ``{name: env instance}`` already built by the caller, used as that env's probe instance.
+        success_threshold: the last-turn reward at or above which an episode whose ``info`` reports no
+            ``"won"``/``"success"`` succeeded; ``None``: each env's ``max_reward``, else 1.0
+            (:func:`~gigpo_trl.envs.base.episode_success`).
         observers: :class:`~gigpo_trl.observers.RolloutObserver` s told of each batch :meth:`collect` returns
             (``on_rollout``); the list is :attr:`observers`, shared with the trainer's.
     """
@@ -143,6 +147,7 @@ class RolloutCollector:
         require_think: bool = True,
         templates: Mapping[str, Any] | None = None,
         observers: list[RolloutObserver] | None = None,
+        success_threshold: float | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -161,6 +166,8 @@ class RolloutCollector:
         self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
+        self.success_threshold = success_threshold
+        self._thresholds: dict[str, float] = {}  # per env, from its probe instance at first use
         self.observers = observers if observers is not None else []
         self._pool_kwargs = {"num_workers": num_env_workers, "step_timeout": step_timeout, "backend": env_backend,
                              "ray_address": ray_address}
@@ -208,6 +215,11 @@ class RolloutCollector:
     def _reset_task(self, key: str, row: Mapping) -> Any:
         """What ``reset`` gets as ``task``: the row's ``task``, or the whole row (env with ``reset_receives_row``)."""
         return dict(row) if getattr(self._templates[key], "reset_receives_row", False) else row["task"]
+
+    def _threshold(self, key: str) -> float:
+        if key not in self._thresholds:
+            self._thresholds[key] = success_threshold(self._templates[key], self.success_threshold)
+        return self._thresholds[key]
 
     def _turn_limit(self, key: str) -> int:
         env_limit = getattr(self._templates[key], "max_turns", None)
@@ -454,7 +466,7 @@ class RolloutCollector:
             st["info"] = res.info
             if done:
                 st["done"] = True
-                record.won = bool(res.info.get("won", res.reward > 0)) if res.done else False
+                record.won = res.done and episode_success(res.info, res.reward, self._threshold(st["key"]))
                 record.truncated = not res.done
 
     def _close_trajectories(self, batch: RolloutBatch) -> RolloutBatch:

@@ -210,6 +210,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             progress=self.accelerator.is_main_process and not args.disable_tqdm,
             require_think=args.require_think,
             templates={next(iter(self.env_factories)): self._probe_env},  # built in __init__; not twice at start-up
+            success_threshold=args.success_reward_threshold,
             observers=self.rollout_observers,
         )
 

@@ -192,7 +192,7 @@ def _collector_for(trainer, perturb_rate: float, seed: int) -> _ExpertCollector:
         tokenize_fn=base.tokenize_fn, decode_fn=base.decode_fn, max_turns=base.max_turns,
         history_length=base.history_length, max_prompt_length=base.max_prompt_length,
         num_env_workers=args.num_env_workers, step_timeout=args.env_step_timeout, progress=False,
-        require_think=base.require_think, completion_fn=completion_fn, perturb_rate=perturb_rate,
+        require_think=base.require_think, success_threshold=base.success_threshold, completion_fn=completion_fn, perturb_rate=perturb_rate,
         rng=random.Random(seed),
     )
 

@@ -474,6 +474,97 @@ def test_trl_env_trains_two_iterations_with_step_groups(tmp_path, tiny_model_dir
     assert any(not (before[k] == v).all() for k, v in trainer.model.named_parameters())
 
 
+# ------------------------------------------------------------------------------------- what counts as a success
+class JudgedHanoi(TowerOfHanoi):
+    """Says itself whether the episode succeeded (a ``won`` attribute): some disk on peg 2 and none on peg 1."""
+
+    @property
+    def won(self):
+        return not self.pegs[1] and bool(self.pegs[2])
+
+
+class HalfCreditHanoi(TowerOfHanoi):
+    """Knows the reward of a solved episode: half a tower on peg 2 is all it asks."""
+
+    max_reward = 0.5
+
+
+SUCCESS_PLANS = [  # per position in a group of 4; every episode ends at turn 2 (the turn limit is 3)
+    [(0, 1), (0, 2), (1, 2)],  # solved at turn 2: reward 1
+    [(0, 1), (1, 2), None],  # answers without a tool call at turn 2 with one disk on peg 2: done, reward 0.5
+    [(0, 1), (1, 0), None],  # answers back at the start: done, reward 0
+    [(0, 1), (1, 2), (0, 1)],  # cut at the turn limit with reward 0.5
+]
+
+
+def test_success_of_a_partial_reward_env(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """An episode that ends with a partial reward (0.5 of 1) is no success unless the env says so (a won/success
+    attribute or info entry), knows a lower max_reward, or success_reward_threshold allows it; a cut episode never
+    is. Formerly any reward > 0 counted: 0.5 instead of 0.25 here."""
+    from gigpo_trl import GiGPOTrainer
+    from gigpo_trl.rollout import RolloutCollector
+
+    calls = []
+
+    def generate(prompt_ids):
+        turn = len(calls) % 3
+        calls.append(len(prompt_ids))
+        texts = [call(*SUCCESS_PLANS[i % 4][turn]) if SUCCESS_PLANS[i % 4][turn] else "Done." for i in
+                 range(len(prompt_ids))]
+        return [tiny_tokenizer.encode(t) for t in texts], None
+
+    trainer = GiGPOTrainer(tiny_model_dir, env=TowerOfHanoi, args=hanoi_args(tmp_path), train_dataset=hanoi_dataset(4),
+                           processing_class=tiny_tokenizer)
+    trainer.collector.generate_fn = generate
+    batches = capture_rollouts(trainer)
+    trainer.model.train()
+    inputs = [dict(row) for row in hanoi_dataset(4).select([0] * 4 + [1] * 4)]
+    trainer._generate_and_score_completions(inputs)
+    trajectories = batches[0].trajectories
+    assert calls == [8, 8, 8] and [t.episode_return for t in trajectories[:4]] == [1.0, 0.5, 0.0, 0.5]
+    assert [t.truncated for t in trajectories[:4]] == [False, False, False, True]
+    assert [t.won for t in trajectories] == [True, False, False, False] * 2
+    assert trainer._metrics["train"]["episode/success_rate"] == [0.25]
+
+    def won(env, threshold=None):
+        collector = RolloutCollector({"default": TRLToolEnv(env)}, generate, trainer.collector.tokenize_fn,
+                                     trainer.collector.decode_fn, max_turns=3, success_threshold=threshold)
+        batch = collector.collect(inputs[:4], [0] * 4)
+        collector.close()
+        return [t.won for t in batch.trajectories]
+
+    assert won(TowerOfHanoi, threshold=0.5) == [True, True, False, False]
+    assert won(HalfCreditHanoi) == [True, True, False, False]
+    assert won(HalfCreditHanoi, threshold=1.0) == [True, False, False, False]  # the config wins over max_reward
+    assert won(JudgedHanoi, threshold=0.0) == [True, True, False, False]  # the env's verdict wins over any threshold
+    trainer.collector.close()
+
+
+@needs_pydantic
+def test_openenv_success_from_metadata_or_max_reward():
+    class StrictGuess(GuessEnvironment):
+        """Success only for a first-time guess, said in the last observation's metadata."""
+
+        def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
+            self.tries = getattr(self, "tries", 0) + 1
+            observation = super().step(action)
+            if observation.done:
+                observation.metadata = {"success": self.tries == 1}
+            return observation
+
+    env = OpenEnvEnv(StrictGuess)
+    env.reset({"high": 8}, seed=4)
+    secret = random.Random(4).randint(1, 8)
+    assert env.step(str(secret % 8 + 1))[3] == {"action_valid": True}  # not over: no verdict yet
+    assert env.step(str(secret)) == ("right", 1.0, True, {"action_valid": True, "won": False})
+    assert OpenEnvEnv(GuessEnvironment).max_reward is None
+
+    class KnownMax(GuessEnvironment):
+        max_reward = 1.0
+
+    assert OpenEnvEnv(KnownMax).max_reward == 1.0
+
+
 def test_anchor_warning_at_the_first_rollout(tmp_path, tiny_model_dir, tiny_tokenizer):
     from gigpo_trl import GiGPOTrainer
 

@@ -9,7 +9,10 @@ Keys of ``info`` the collector reads (all optional):
 
 - ``"instruction"`` (from ``reset``): the task text shown in every prompt of the episode.
 - ``"admissible_actions"``: list of action strings valid in the current state; shown in the prompt.
-- ``"won"`` (bool): whether the episode ended in success; defaults to ``reward > 0`` on the last turn.
+- ``"won"`` or ``"success"`` (bool, on the last turn): whether the episode succeeded. Without either, the episode
+  succeeded when its last reward reaches the success threshold: ``GiGPOConfig.success_reward_threshold`` when set,
+  else the environment's ``max_reward`` attribute (the largest reward an episode can end with), else 1.0
+  (:func:`episode_success`). An episode cut at the turn limit never succeeds.
 - ``"task_type"``: a label for per-type success rates.
 - ``"action_valid"`` (from ``step``, bool): the env's own verdict on the action (e.g. not admissible);
   combined with the parser's verdict.
@@ -48,6 +51,7 @@ wraps them (``gigpo_trl/envs/adapters.py``, ``trl_tools.py``, ``openenv.py``). B
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
@@ -78,6 +82,8 @@ class TextEnv:
             ``None`` sends the last 30 characters of the raw completion instead.
         max_turns (`int` or `None`): the environment's own turn limit; the trainer's ``max_turns`` wins
             when smaller.
+        max_reward (`float` or `None`): the reward of a fully successful episode's last turn, where known: the
+            default success threshold of an environment whose ``info`` reports no ``"won"``/``"success"``.
     """
 
     name: str = "env"
@@ -85,6 +91,7 @@ class TextEnv:
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     invalid_action: str = "<invalid>"
     max_turns: int | None = None
+    max_reward: float | None = None
 
     def reset(self, task: Any, seed: int | None = None) -> tuple[Any, dict]:
         """Start an episode of ``task`` (a value of the task dataset's ``task`` column) with ``seed``.
@@ -184,6 +191,39 @@ def seed_tasks(split: str, splits: dict, task_type: str, env_name: str):
         raise ValueError(f"unknown split {split!r} for {env_name}; choose one of {sorted(splits)}")
     ids = list(splits[split])
     return datasets.Dataset.from_dict({"task": ids, "seed": ids, "task_type": [task_type] * len(ids)})
+
+
+#: ``info`` keys (and, for TRL / OpenEnv environments, attributes) by which an environment says whether an episode
+#: succeeded, in the order they are read.
+SUCCESS_KEYS = ("won", "success")
+
+
+def reported_success(source: Any) -> bool | None:
+    """The success verdict ``source`` (an ``info`` mapping, or an environment object's attributes) reports under
+    :data:`SUCCESS_KEYS`: the first that is present and not ``None`` (a method does not count), else ``None``."""
+    for key in SUCCESS_KEYS:
+        value = source.get(key) if isinstance(source, dict) else getattr(source, key, None)
+        if value is not None and not callable(value):
+            return bool(value)
+    return None
+
+
+def success_threshold(env: Any, threshold: float | None = None) -> float:
+    """The last-turn reward at or above which an episode without a reported verdict succeeded: ``threshold`` when
+    given, else ``env.max_reward`` when it is a number, else 1.0."""
+    if threshold is not None:
+        return float(threshold)
+    max_reward = getattr(env, "max_reward", None)
+    if isinstance(max_reward, (int, float)) and not isinstance(max_reward, bool) and math.isfinite(max_reward):
+        return float(max_reward)
+    return 1.0
+
+
+def episode_success(info: dict, last_reward: float, threshold: float) -> bool:
+    """Whether an episode that ended (``done``) succeeded: its last ``info``'s ``"won"``/``"success"`` when present,
+    else ``last_reward >= threshold`` (:func:`success_threshold`)."""
+    verdict = reported_success(info)
+    return verdict if verdict is not None else float(last_reward) >= threshold
 
 
 def env_anchor(env: Any, observation: Any) -> Hashable:

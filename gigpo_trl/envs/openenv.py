@@ -31,7 +31,7 @@ import typing
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from .base import DEFAULT_SYSTEM_PROMPT, TextEnv
+from .base import DEFAULT_SYSTEM_PROMPT, SUCCESS_KEYS, TextEnv, reported_success
 from .trl_tools import accepted_kwargs
 
 _OBSERVATION_FIELDS = {"done", "reward", "metadata"}
@@ -218,8 +218,21 @@ class OpenEnvEnv(TextEnv):
         self._check_observation(observation, "step")
         text = self.obs_to_text(observation)
         self._anchor = self._anchor_of(text)
-        reward = observation.reward
-        return text, 0.0 if reward is None else float(reward), bool(observation.done), {"action_valid": True}
+        reward, done, info = observation.reward, bool(observation.done), {"action_valid": True}
+        if done:  # the episode's success, as the observation's metadata or the environment says
+            metadata = getattr(observation, "metadata", None)
+            verdict = reported_success(metadata) if isinstance(metadata, dict) else None
+            verdict = reported_success(env) if verdict is None else verdict
+            if verdict is not None:
+                info[SUCCESS_KEYS[0]] = verdict
+        return text, 0.0 if reward is None else float(reward), done, info
+
+    @property
+    def max_reward(self) -> float | None:
+        """The environment's ``max_reward`` attribute (the reward of a solved episode), the default success
+        threshold."""
+        value = getattr(self.env, "max_reward", None)
+        return None if callable(value) else value
 
     def anchor_state(self, observation: Any) -> Hashable:
         """The env's ``anchor_state()`` if it has one, else the observation text (after a rejected action, the

@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from .base import ParsedAction, TextEnv
+from .base import SUCCESS_KEYS, ParsedAction, TextEnv, reported_success
 
 #: Methods of a TRL environment that are not tools (TRL skips ``reset``, ``get_reward`` and ``_private`` ones).
 NON_TOOL_METHODS = ("reset", "get_reward", "anchor_state", "expert_action")
@@ -292,7 +292,7 @@ class TRLToolEnv(TextEnv):
         env = self.env
         self._turns += 1
         if not action.strip():  # a turn without a tool call: TRL's end of the episode
-            return "", self._final_reward(), True, {"action_valid": True}
+            return "", self._final_reward(), True, self._end_info({"action_valid": True}, True)
         call, error = decode_tool_call(action)
         result = None
         if call is not None:
@@ -315,7 +315,18 @@ class TRLToolEnv(TextEnv):
         done = not callable(done_attr) and bool(done_attr)
         truncated = self.max_turns is not None and self._turns >= self.max_turns
         reward = self._final_reward() if done or truncated else 0.0
-        return observation, reward, done, {"action_valid": error is None}
+        return observation, reward, done, self._end_info({"action_valid": error is None}, done)
+
+    def _end_info(self, info: dict, done: bool) -> dict:
+        """``info`` plus, at the episode's end, the env's own success verdict (its ``won`` / ``success`` attribute)."""
+        verdict = reported_success(self.env) if done else None
+        return info if verdict is None else {**info, SUCCESS_KEYS[0]: verdict}
+
+    @property
+    def max_reward(self) -> float | None:
+        """The env's ``max_reward`` attribute (the reward of a solved episode), the default success threshold."""
+        value = getattr(self.env, "max_reward", None)
+        return None if callable(value) else value
 
     def anchor_state(self, observation: Any) -> Hashable:
         """The env's ``anchor_state()`` if it has one, else the key computed at the last reset/step (the observation
