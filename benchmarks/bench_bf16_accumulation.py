@@ -49,7 +49,7 @@ def grads(model):
 def measure(rows: int, hidden: int, length: int, seed: int = 0) -> dict:
     from conftest import CORPUS
 
-    from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
+    from tiny_models import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     fp32 = build_tiny_model(tokenizer, hidden_size=hidden, seed=seed)

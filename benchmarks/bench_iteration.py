@@ -35,7 +35,7 @@ from conftest import CORPUS  # noqa: E402
 from toy_env import NoisyLineWalkEnv  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
-from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from tiny_models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
 def main() -> None:

@@ -32,15 +32,14 @@ if __name__ == "__main__":
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # conftest, tiny_models
 
 
 def build(hidden: int, seed: int = 0):
     """A bf16 Qwen2 (random weights) with LoRA r=8 on every linear layer, its B factors non-zero (a trained
     adapter; PEFT initialises B to 0, whose merge would change nothing)."""
-    from gigpo_trl.models import build_tiny_tokenizer
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
     from conftest import CORPUS, LINEAR_MODULES, tiny_lora_model
+    from tiny_models import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     return tiny_lora_model(tokenizer, hidden, r=8, target_modules=LINEAR_MODULES, b_scale=0.02, seed=seed)
@@ -74,11 +73,12 @@ def step_adapter(model, gen, lr=1e-3):
 
 
 def run(way: str, syncs: int, hidden: int) -> dict:
+    from conftest import bare_vllm_generation
     from gigpo_trl import trl_compat
     from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
 
     model = build(hidden)
-    vg = trl_compat.bare_vllm_generation(model)
+    vg = bare_vllm_generation(model)
     if way == "out_of_place":
         assert install_out_of_place_lora_sync(vg)
     initial = base_weights(model)

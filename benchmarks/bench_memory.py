@@ -78,7 +78,7 @@ def child(turns: int, budget: int | None, steps: int) -> dict:
     from transformers import TrainerCallback
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
-    from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
+    from tiny_models import build_tiny_model, build_tiny_tokenizer
 
     class TextRewardEnv(FixedLengthEnv):  # exactly `task` turns; rewards vary with the completion: advantages != 0
         invalid_action = None

@@ -33,7 +33,7 @@ def main():
     from conftest import CORPUS
     from trl.trainer.utils import add_fused_lm_head
 
-    from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer
+    from tiny_models import build_tiny_model, build_tiny_tokenizer
     from gigpo_trl.positions import install_mask_positions
 
     torch.set_num_threads(1)

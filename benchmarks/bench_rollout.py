@@ -50,6 +50,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # tiny_models
 sys.path.insert(0, HERE)
 
 
@@ -83,7 +84,7 @@ import torch  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages  # noqa: E402
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv  # noqa: E402
-from gigpo_trl.models import build_tiny_model  # noqa: E402
+from tiny_models import build_tiny_model  # noqa: E402
 from learning import settings as learning_settings  # noqa: E402  (benchmarks/learning/)
 from learning import testbeds, warmup  # noqa: E402
 from results_io import is_default_run, write_result  # noqa: E402

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import CORPUS  # noqa: E402  (the test suite's tokenizer corpus)
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
-from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from tiny_models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
 class TowerOfHanoi:

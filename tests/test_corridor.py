@@ -1,9 +1,9 @@
+import itertools
 from math import comb
 
 import pytest
 
-from gigpo_trl.envs import make_env
-from gigpo_trl.envs import check_env
+from gigpo_trl.envs import check_env, make_env
 from gigpo_trl.envs.corridor import EVAL_IDS, TRAIN_IDS, CorridorEnv, Room, generate_corridor
 
 ROOM1 = "room 1: up arch, right niche"
@@ -165,8 +165,9 @@ def test_turn_nuisance_separates_one_place_reached_at_two_turns_and_the_hook_dro
 
 
 def test_clock_nuisance_never_repeats_across_instances_and_the_hook_drops_it():
-    a = CorridorEnv(directions=2, nuisance="clock", anchor_drops_nuisance=True)
-    b = CorridorEnv(directions=2, nuisance="clock", anchor_drops_nuisance=True)
+    clock = itertools.count(1)  # one counter for the run's environments
+    a = CorridorEnv(directions=2, nuisance="clock", anchor_drops_nuisance=True, clock=clock)
+    b = CorridorEnv(directions=2, nuisance="clock", anchor_drops_nuisance=True, clock=clock)
     obs = [a.reset(0, 0)[0], b.reset(0, 0)[0]] + [e.step("right")[0] for e in (a, b)]
     assert len(set(obs)) == 4  # the same two states in two envs: four different observations
     stamps = [int(o.split("\nclock ")[1]) for o in obs]
@@ -179,22 +180,19 @@ def test_clock_nuisance_never_repeats_across_instances_and_the_hook_drops_it():
         CorridorEnv(nuisance="time")
 
 
-def test_reset_clock_restarts_the_clock_lines_so_two_runs_see_the_same_values():
-    from gigpo_trl.envs import corridor
-
-    def run():
-        env = CorridorEnv(directions=2, nuisance="clock")
+def test_a_fresh_clock_per_run_gives_every_run_the_same_clock_lines():
+    def run(clock=None):
+        env = CorridorEnv(directions=2, nuisance="clock", clock=clock)
         return [env.reset(0, 0)[0], env.step("right")[0], env.step("left")[0]]
 
+    shared = itertools.count(1)
     for _ in range(3):
-        run()  # other runs in the same process move the clock on
-    corridor.reset_clock()
-    first = run()
+        run(shared)  # other runs on a shared counter move it on
+    first = run(itertools.count(1))
     assert [o.split("\nclock ")[1] for o in first] == ["1", "2", "3"]
-    corridor.reset_clock()
-    assert run() == first
-    corridor.reset_clock(41)
-    assert run()[0].endswith("\nclock 41")
+    assert run(itertools.count(1)) == first
+    assert run() == first  # without a clock: the environment's own counter, from 1
+    assert run(itertools.count(41))[0].endswith("\nclock 41")
 
 
 def test_trap_door_ends_the_episode_with_reward_0_at_the_known_door():

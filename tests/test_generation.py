@@ -78,7 +78,7 @@ def test_lora_merged_for_generation_leaves_other_models_alone(tiny_tokenizer, ca
     """No merge for bf16 base weights (one bf16 rounding per merge would drift the base), with vLLM (its own
     weight sync), or without a PEFT model."""
     from gigpo_trl.generation import lora_merged_for_generation
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
     from peft.tuners.lora import LoraLayer
 
     from conftest import tiny_lora_model

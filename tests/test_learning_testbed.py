@@ -195,7 +195,7 @@ def test_runs_made_before_the_map_keys_merge_with_runs_at_their_defaults(tmp_pat
 
 
 def test_warmup_that_misses_its_cap_fails_naming_the_seed():
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "2", "--warmup_batch", "2"])
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=7)
@@ -224,7 +224,7 @@ def test_headline_seeds_are_ten_fixed_seeds_disjoint_from_design_and_quick_seeds
 
 
 def test_warmup_restarts_from_a_fresh_init_derived_from_the_seed():
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     a, factory, tok = _setup(["--warmup_steps", "1", "--warmup_max_steps", "5", "--warmup_batch", "2",
                               "--warmup_restart_steps", "2"])

@@ -59,7 +59,7 @@ def test_trainer_warns_once_at_init(tmp_path, tiny_tokenizer, monkeypatch):
     from toy_env import LineWalkEnv
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer, hidden_size=64)  # 2 layers, hidden 64, MLP 128, fp32
     monkeypatch.setattr(memory, "available_memory_bytes", lambda device: 1_000_000)

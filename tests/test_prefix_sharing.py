@@ -79,7 +79,7 @@ def _rows(tokenizer, seed=1):
 def _model(tokenizer, dtype=torch.float32, lora=False, checkpointing=False):
     from trl.trainer.utils import add_fused_lm_head
 
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     model = build_tiny_model(tokenizer, hidden_size=64).to(dtype)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))

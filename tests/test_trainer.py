@@ -170,7 +170,7 @@ def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_t
 
 
 def _dropout_model(tokenizer, p=0.5):
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     model = build_tiny_model(tokenizer)
     for module in model.modules():

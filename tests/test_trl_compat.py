@@ -24,7 +24,7 @@ import transformers
 import trl
 from accelerate.state import GradientState
 from toy_env import NoisyLineWalkEnv
-from conftest import set_entropy_coef, tiny_train_config as make_args
+from conftest import bare_vllm_generation, set_entropy_coef, tiny_train_config as make_args
 from transformers import Trainer
 from trl import GRPOTrainer
 
@@ -194,7 +194,7 @@ def test_cache_under_checkpointing(tiny_tokenizer):
     ``_can_checkpoint_with_cache`` is true; ``cache_under_checkpointing`` sets it per layer and removes it after."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     model = build_tiny_model(tiny_tokenizer)
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -212,7 +212,7 @@ def test_fused_lm_head_labelled_only(tiny_tokenizer, monkeypatch):
     restores TRL's device test on exit."""
     from trl.trainer import utils as trl_utils
 
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     with contract("trl.trainer.utils._use_triton in add_fused_lm_head"):
         assert "compact = _use_triton(" in source(trl_utils.add_fused_lm_head)
@@ -465,10 +465,10 @@ def test_vllm_weight_walk(tiny_tokenizer):
 
     from peft import LoraConfig, get_peft_model
 
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
     from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
 
-    generation = trl_compat.bare_vllm_generation
+    generation = bare_vllm_generation
     model = get_peft_model(build_tiny_model(tiny_tokenizer, hidden_size=32),
                            LoraConfig(r=2, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     with contract("VLLMGeneration._dist / _fix_param_name_to_vllm / _iter_named_params"):

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_lora_model
+from conftest import bare_vllm_generation, tiny_lora_model
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, trl_compat
 from gigpo_trl import vllm_glue
@@ -170,11 +170,11 @@ def test_lora_sync_never_writes_base_weights_and_sends_the_fp32_merge(tiny_token
     from gigpo_trl.vllm_glue import install_out_of_place_lora_sync
 
     model = tiny_lora_model(tiny_tokenizer)
-    vg = trl_compat.bare_vllm_generation(model)
+    vg = bare_vllm_generation(model)
     initial = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     # TRL's own walk, once, on a copy: the in-place merge/unmerge moves base weights (what this replaces)
     trl_copy = copy.deepcopy(model)
-    list(trl_compat.iter_named_params(trl_compat.bare_vllm_generation(trl_copy)))
+    list(trl_compat.iter_named_params(bare_vllm_generation(trl_copy)))
     moved = sum(int((p != initial[n]).sum()) for n, p in trl_copy.named_parameters() if n in initial)
     assert moved > 0
     assert install_out_of_place_lora_sync(vg)
@@ -208,7 +208,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory, tiny_tokenizer):
     """A tiny Qwen2 that vLLM's CPU attention accepts (head_dim 32; the shared tiny model's 8 is refused)."""
-    from gigpo_trl.models import build_tiny_model
+    from tiny_models import build_tiny_model
 
     path = tmp_path_factory.mktemp("tiny-vllm-model")
     build_tiny_model(tiny_tokenizer, hidden_size=128).save_pretrained(path)

@@ -61,8 +61,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# the repository root (gigpo_trl) and benchmarks/ (results_io), when run from a checkout
-for _path in (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+# the repository root (gigpo_trl), benchmarks/ (results_io) and tests/ (tiny_models), when run from a checkout
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for _path in (_ROOT, os.path.join(_ROOT, "benchmarks"), os.path.join(_ROOT, "tests")):
     if _path not in sys.path:
         sys.path.insert(0, _path)

@@ -14,14 +14,14 @@ import numpy as np
 import torch
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
-from gigpo_trl.envs.corridor import reset_clock
 from gigpo_trl.observers import RolloutObserver
 
 from .map import map_report
 from .report import write_report
 from .settings import ARMS, RESULTS, RUN_KEYS, default_results_dir, parse_args, run_settings_filled
 from .statistics import auc, eval_schedule, iters_to, row_size_hist
-from .testbeds import _ids, completion_text, env_factory_for, instruction_for, make_tokenizer, random_prompt_messages
+from .testbeds import (_ids, completion_text, env_factory_for, instruction_for, make_tokenizer, random_prompt_messages,
+                       with_fresh_clock)
 from .warmup import warm_up_seed, warmup_line
 
 
@@ -129,7 +129,7 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     the training series, the step-group statistics early / middle / late. Returns the run's result dict."""
     from transformers import AutoModelForCausalLM, PrinterCallback
 
-    reset_clock()  # every (seed, arm) run sees the clock cells' clock lines from 1, whatever ran before it here
+    env_factory = with_fresh_clock(env_factory)  # every (seed, arm) run sees the clock cells' lines from 1
     model = AutoModelForCausalLM.from_pretrained(init_dir)
     schedule = eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
     cb = PeriodicEval(schedule, schedule[-3:], a.spg, a.sampled_eval_temperature)  # greedy: headline points

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import random
+
+from tiny_models import build_tiny_tokenizer
 
 from gigpo_trl.envs.corridor import DEAD_ENDS, MOVES, OPPOSITE, PASSAGES, CorridorEnv
 from gigpo_trl.envs.corridor import INSTRUCTION as CORRIDOR_INSTRUCTION
 from gigpo_trl.envs.frozenlake import ACTION_NAMES, FrozenLakeEnv
 from gigpo_trl.envs.frozenlake import INSTRUCTION as FROZENLAKE_INSTRUCTION
-from gigpo_trl.models import build_tiny_tokenizer
 from gigpo_trl.prompts import build_messages
 
 
@@ -115,6 +117,15 @@ def env_factory_for(a):
                                  nuisance=a.nuisance or None, anchor_drops_nuisance=bool(a.anchor_drops_nuisance),
                                  trap_door=bool(a.trap_door))
     return functools.partial(LocalViewFrozenLake, size=a.map_size, p=a.p, max_turns=a.max_turns)
+
+
+def with_fresh_clock(factory):
+    """``factory`` with one new clock counter, from 1, shared by the environments it builds (the corridor's
+    ``nuisance="clock"``), so that every run given it sees the same clock lines whatever ran before it in the
+    process; any other factory comes back unchanged."""
+    if isinstance(factory, functools.partial) and factory.keywords.get("nuisance") == "clock":
+        return functools.partial(factory, clock=itertools.count(1))
+    return factory
 
 
 def instruction_for(a) -> str:

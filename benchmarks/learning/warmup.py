@@ -11,12 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from gigpo_trl.envs.corridor import reset_clock
-from gigpo_trl.models import build_tiny_model
+from tiny_models import build_tiny_model
 
 from .settings import WARMUP_KEYS
-from .testbeds import _ids, completion_text, instruction_for, random_prompt_messages
+from .testbeds import _ids, completion_text, instruction_for, random_prompt_messages, with_fresh_clock
 
 
 class WarmupFailed(RuntimeError):
@@ -211,9 +209,8 @@ def warm_up_seed(seed, a, tok, env_factory, train_tasks, out):
               "again", flush=True)
     model = build_tiny_model(tok, hidden_size=a.hidden, num_layers=a.layers, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
-    reset_clock()
     try:
-        stats = legal_move_warmup(model, tok, a, env_factory, train_tasks, seed)
+        stats = legal_move_warmup(model, tok, a, with_fresh_clock(env_factory), train_tasks, seed)
     except WarmupFailed as e:
         print(f"FAILED {e}", flush=True)
         return {"failed": str(e), "params": n_params, "settings": settings}

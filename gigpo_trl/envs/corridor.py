@@ -38,9 +38,9 @@ Options for the learning benchmark's map (all off by default, so the defaults ab
 
 - ``nuisance``: a second observation line that carries no information about the state, as many real
   environments show. ``"turn"``: ``turn T`` (the turns taken so far: the same place reached after a different
-  number of turns no longer gives the same observation); ``"clock"``: ``clock C``, where ``C`` is a process-wide
-  counter of rendered observations (``CLOCK``), so within one process no two observations are ever identical and
-  exact anchors never match.
+  number of turns no longer gives the same observation); ``"clock"``: ``clock C``, where ``C`` is the next value of
+  the environment's ``clock`` (an iterator of ints, counting from 1 by default): environments given one shared
+  counter never show two identical observations, so exact anchors never match.
 - ``anchor_drops_nuisance``: ``anchor_state()`` returns the observation without the nuisance line (the remedy a
   user with such an environment can write); without it the anchor is the observation.
 - ``trap_door``: in one room per task (``trap_room``, drawn from the task id), the dead-end door is a trap door:
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -90,17 +91,6 @@ PROMPT_TEMPLATE = (
 INSTRUCTION = "Walk through every room to the exit behind the last one."
 
 NUISANCES = ("turn", "clock")
-#: Process-wide counter behind ``nuisance="clock"``: every rendered observation draws the next value.
-CLOCK = itertools.count(1)
-
-
-def reset_clock(start: int = 1) -> None:
-    """Restart the process-wide ``CLOCK`` at ``start``: the next rendered ``clock`` line reads ``clock {start}``.
-
-    A run that compares policies in one process calls it before each policy's run, so that every run sees clock
-    values of the same size (a counter that is never reset grows with every run before it)."""
-    global CLOCK
-    CLOCK = itertools.count(start)
 
 
 def trap_room(task_id: int, length: int) -> int:
@@ -146,6 +136,10 @@ class CorridorEnv(TextEnv):
         nuisance (`str`, *optional*): ``None`` (default), ``"turn"`` or ``"clock"``: a second observation line
             that never helps (module doc).
         anchor_drops_nuisance (`bool`, defaults to `False`): ``anchor_state()`` drops the nuisance line.
+        clock (`Iterator[int]`, *optional*): where ``nuisance="clock"`` draws each rendered observation's value; give
+            the environments of one run the same counter (e.g. ``functools.partial(CorridorEnv, nuisance="clock",
+            clock=itertools.count(1))`` as the factory) so that no two of their observations are equal. Default: a
+            counter of this environment's own, from 1.
         trap_door (`bool`, defaults to `False`): the dead end of room ``trap_room(task, length)`` ends the episode
             with reward 0.
 
@@ -169,7 +163,7 @@ class CorridorEnv(TextEnv):
 
     def __init__(self, length: int = 12, success_reward: float = 1.0, max_turns: int | None = None,
                  directions: int = 4, nuisance: str | None = None, anchor_drops_nuisance: bool = False,
-                 trap_door: bool = False):
+                 trap_door: bool = False, clock: Iterator[int] | None = None):
         if nuisance is not None and nuisance not in NUISANCES:
             raise ValueError(f"nuisance must be None, 'turn' or 'clock', got {nuisance!r}")
         if directions not in (2, 4):
@@ -184,6 +178,7 @@ class CorridorEnv(TextEnv):
         self.max_turns = int(max_turns) if max_turns is not None else 2 * self.length
         self.nuisance = nuisance
         self.anchor_drops_nuisance = bool(anchor_drops_nuisance)
+        self.clock = clock if clock is not None else itertools.count(1)
         self.trap_door = bool(trap_door)
         self.task_type = (f"corridor{self.length}" + ("" if self.directions == 4 else "-lr")
                           + (f"-{nuisance}" if nuisance else "") + ("-trap" if self.trap_door else ""))
@@ -251,7 +246,7 @@ class CorridorEnv(TextEnv):
         if self.nuisance == "turn":
             return f"{text}\nturn {self.turn}"
         if self.nuisance == "clock":
-            return f"{text}\nclock {next(CLOCK)}"
+            return f"{text}\nclock {next(self.clock)}"
         return text
 
     def anchor_state(self, observation):

@@ -40,7 +40,7 @@ from toy_env import FixedLengthEnv, LongObsAtTurn3Env  # noqa: E402
 import torch  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
-from gigpo_trl.models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from tiny_models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 
 # actions of 3, 4 and 5 characters: VariedRewardEnv's rewards differ, so do the advantages
