@@ -31,6 +31,7 @@ if __name__ == "__main__":
     build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
 
 import torch
+from results_io import is_default_run, write_result
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -82,11 +83,16 @@ def measure(rows: int, hidden: int, length: int, seed: int = 0) -> dict:
 def main():
     cli = build_parser().parse_args()
     torch.set_num_threads(1)
+    figures = {}
     for seed in (0, 1, 2):
         r = measure(cli.rows, cli.hidden, cli.length, seed)
+        figures[f"rel_error_vs_fp32_seed{seed}"] = {"one_bf16_backward": float(f"{r['one_backward']:.2e}"),
+                                                   "summed_in_bf16": float(f"{r['split_bf16_grad']:.2e}"),
+                                                   "summed_in_fp32": float(f"{r['split_fp32_buffer']:.2e}")}
         print(f"seed {seed}: rel. error vs fp32 gradient: 1 bf16 backward {r['one_backward']:.2e}; "
               f"{cli.rows} sub-batches summed in bf16 .grad {r['split_bf16_grad']:.2e}; "
               f"summed in an fp32 buffer {r['split_fp32_buffer']:.2e}", flush=True)
+    write_result("bench_bf16_accumulation", figures, recorded=is_default_run(build_parser(), cli))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv  # noqa: E402
+from results_io import write_result  # noqa: E402
 
 TARGET_SPEEDUP = 1.8
 
@@ -59,7 +60,8 @@ def task_rows(env, limit: int = 1000):
     return [(data[i]["task"], data[i].get("seed", i)) for i in range(n)]
 
 
-def bench_single(name: str, steps: int) -> None:
+def bench_single(name: str, steps: int) -> float | None:
+    """Print one env's steps per second; return it (incl. resets), None when the env is unavailable."""
     try:
         start = time.perf_counter()
         env = build_env(name)
@@ -98,6 +100,7 @@ def bench_single(name: str, steps: int) -> None:
         f"{name:<11} {n / total:10.1f} steps/s incl. resets ({n / step_s:10.1f} steps/s step only, "
         f"{1000 * reset_s / max(episodes, 1):.2f} ms/reset, {n} steps, {episodes} episodes, built in {build_s:.2f}s)"
     )
+    return round(n / total, 1)
 
 
 def pool_rate(factory, rows, workers: int, slots: int, pool_steps: int, moves=None) -> tuple[float, float]:
@@ -134,7 +137,8 @@ def pool_rate(factory, rows, workers: int, slots: int, pool_steps: int, moves=No
     return n / elapsed, startup
 
 
-def bench_pool(label: str, factory, rows, slots: int, pool_steps: int, moves=None) -> None:
+def bench_pool(label: str, factory, rows, slots: int, pool_steps: int, moves=None) -> float:
+    """Print the pool's env steps per second with 1 and 2 workers; return the speed-up."""
     rates = {}
     for workers in (1, 2):
         rate, startup = pool_rate(factory, rows, workers, slots, pool_steps, moves)
@@ -146,6 +150,7 @@ def bench_pool(label: str, factory, rows, slots: int, pool_steps: int, moves=Non
         f"pool {label}: speed-up 2 vs 1 workers = {speedup:.2f}x "
         f"(target >= {TARGET_SPEEDUP}x with 2 workers: {verdict})"
     )
+    return round(speedup, 2)
 
 
 def import_report() -> None:
@@ -185,9 +190,10 @@ def main() -> None:
         selected = {"frozenlake", "sokoban", "webshop", "alfworld", "pool"}
 
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    rates, speedups = {}, {}
     for name in ("frozenlake", "sokoban", "webshop", "alfworld"):
         if name in selected:
-            bench_single(name, args.steps)
+            rates[name] = bench_single(name, args.steps)
     if "pool" in selected:
         import_report()
         slow = functools.partial(SlowFrozenLake, delay=args.slow_ms / 1000, busy=args.busy, max_turns=1000)
@@ -195,7 +201,7 @@ def main() -> None:
         kind = "busy" if args.busy else "sleep"
         # "up"/"left" from the start cell never ends an episode, so every pool.step is a full batch
         label = f"slow-frozenlake ({args.slow_ms:g} ms {kind}/step)"
-        bench_pool(label, slow, rows, args.slots, args.pool_steps, moves=["up", "left"])
+        speedups["slow-frozenlake"] = bench_pool(label, slow, rows, args.slots, args.pool_steps, moves=["up", "left"])
         try:
             from gigpo_trl.envs import get_env_class
 
@@ -206,7 +212,14 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"pool alfworld: unavailable: {type(exc).__name__}: {exc}")
         else:
-            bench_pool("alfworld", cls, alf_rows, args.slots, max(5, args.pool_steps // 2))
+            speedups["alfworld"] = bench_pool("alfworld", cls, alf_rows, args.slots, max(5, args.pool_steps // 2))
+    figures = {"steps_per_s_incl_resets": {k: v for k, v in rates.items() if v is not None}}
+    if speedups:
+        figures |= {"pool_speedup_2_vs_1_workers": speedups, "pool_speedup_target_min": TARGET_SPEEDUP}
+    # the recorded figures: the default sizes (any --env subset merges into them)
+    defaults = {k: v for k, v in vars(parser.parse_args([])).items() if k != "env"}
+    write_result("bench_envs", figures, recorded=defaults == {k: v for k, v in vars(args).items() if k != "env"},
+                 merge=True)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from toy_env import NoisyLineWalkEnv  # noqa: E402
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from tiny_models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from results_io import is_default_run, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -60,6 +61,10 @@ def main() -> None:
     print(f"mean: {mean('step_time'):.3f} s per iteration, {mean('rollout/rows'):.1f} rows per iteration "
           f"(8 trajectories x <= 4 turns), rollout {mean('rollout/seconds'):.3f} s, "
           f"advantages {1000 * mean('rollout/advantage_seconds'):.2f} ms")
+    write_result("bench_iteration", {
+        "seconds_per_iteration": round(mean("step_time"), 3), "rows_per_iteration": round(mean("rollout/rows"), 1),
+        "rollout_s": round(mean("rollout/seconds"), 3), "advantage_ms": round(1000 * mean("rollout/advantage_seconds"), 2),
+    }, recorded=is_default_run(build_parser(), cli))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ if __name__ == "__main__":
     build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
 
 import torch
+from results_io import is_default_run, write_result
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # conftest, tiny_models
@@ -112,12 +113,16 @@ def moved_share(model, initial) -> float:
 def main():
     cli = build_parser().parse_args()
     torch.set_num_threads(1)
+    figures = {f"base_elements_moved_after_{cli.syncs}_syncs": {}, "max_ulp_vs_fp32_merge": {}}
     for way in ("trl_in_place", "out_of_place"):
         r = run(way, cli.syncs, cli.hidden)
+        figures[f"base_elements_moved_after_{cli.syncs}_syncs"][way] = round(r["moved_after_n"], 3)
+        figures["max_ulp_vs_fp32_merge"][way] = r["max_ulps_vs_fp32_merge"]
         print(f"{way:13s} base elements moved: after 1 sync {r['moved_after_1']:.1%}, after {cli.syncs} syncs "
               f"{r['moved_after_n']:.1%}; mean |dW|/|W| {r['mean_rel_change']:.2e}; "
               f"synced tensors vs fp32 merge cast to bf16: {r['share_off_fp32_merge']:.1%} of elements differ, "
               f"max {r['max_ulps_vs_fp32_merge']} ulp")
+    write_result("bench_lora_sync", figures, recorded=is_default_run(build_parser(), cli))
 
 
 if __name__ == "__main__":

@@ -279,7 +279,7 @@ def main() -> None:
                         help="rows in the optimizer step (--default-model; even). Default: budget // row tokens, >= 2")
     parser.add_argument("--row-tokens", type=int, default=ROW_TOKENS, help="padded tokens per row (--default-model)")
     parser.add_argument("--child-default", nargs=4, help=argparse.SUPPRESS)
-    parser.add_argument("--record", action="store_true", help="--default-model: merge the figures into "
+    parser.add_argument("--record", action="store_true", help="merge the figures into "
                         "benchmarks/results/bench_memory.json (the recorded figures) instead of outputs/bench/results/")
     cli = parser.parse_args()
     if cli.child_default:
@@ -312,6 +312,12 @@ def main() -> None:
     slow = [results[t, None]["tok_s"] / results[t, cli.budget]["tok_s"] for t in cli.turns]
     print("seconds per trained token, budget on / off: " + ", ".join(f"{t} turns {s:.2f}" for t, s in
                                                                      zip(cli.turns, slow)) + " (target <= 1.10)")
+    from results_io import provenance
+
+    write_result("bench_memory", {"turns": {
+        "budget": cli.budget, f"peak_ratio_{hi}_vs_{lo}_turns": {"budget_on": round(on_hi / on_lo, 2),
+                                                               "budget_off": round(off_hi / off_lo, 2)},
+        "peak_ratio_target_max": 1.15, "provenance": provenance()}}, recorded=cli.record, merge=True)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def main():
     cli = build_parser().parse_args()  # before the heavy imports: --help answers at once
     import torch
     from conftest import CORPUS
+    from results_io import is_default_run, write_result
     from trl.trainer.utils import add_fused_lm_head
 
     from tiny_models import build_tiny_model, build_tiny_tokenizer
@@ -42,6 +43,7 @@ def main():
     gen = torch.Generator().manual_seed(0)
     row = torch.randint(3, len(tokenizer), (1, cli.length), generator=gen)
     keep = 64
+    figures = {"bf16_max_abs_dlogp": {}, "fp32_max_abs_dlogp": 0.0}
     for dtype in (torch.bfloat16, torch.float32):
         for positions in (False, True):
             for attn in ("sdpa", "eager"):
@@ -62,6 +64,12 @@ def main():
                 diffs = "  ".join(f"pad {p}: {float((o - out[0]).abs().max()):.1e}" for p, o in zip(pads, out[1:]))
                 name = "mask positions" if positions else "TRL (0..L-1)  "
                 print(f"{str(dtype)[6:]:8s} {name} {attn:5s} max|dlogp| {diffs}", flush=True)
+                worst = float(f"{max(float((o - out[0]).abs().max()) for o in out[1:]):.1e}")
+                if dtype == torch.bfloat16:
+                    figures["bf16_max_abs_dlogp"][f"{'mask' if positions else 'trl'}_positions_{attn}"] = worst
+                else:
+                    figures["fp32_max_abs_dlogp"] = max(figures["fp32_max_abs_dlogp"], worst)
+    write_result("bench_positions", figures, recorded=is_default_run(build_parser(), cli))
 
 
 if __name__ == "__main__":

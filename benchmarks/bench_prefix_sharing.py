@@ -37,6 +37,7 @@ if __name__ == "__main__":
     build_parser().parse_args()  # --help and a bad flag answer before the heavy imports
 
 import torch  # noqa: E402
+from results_io import write_result  # noqa: E402
 
 
 def rows(cli, vocab: int):
@@ -94,7 +95,7 @@ def main() -> None:
     n = len(prompts)
     print(f"rows {n}, real tokens {sum(map(len, prompts)) + sum(map(len, completions))}, calls {cli.calls}, "
           f"layers {cli.layers}, budget {cli.budget}, load {os.getloadavg()[0]:.1f}")
-    results = {}
+    results, figures = {}, {"seconds": {}, "padded_tokens": {}}
     for variant in ("unshared", "shared") * cli.repeats:
         if variant == "shared":
             packs = pack_rows_shared(prompts, [len(c) for c in completions], cli.budget)
@@ -122,6 +123,13 @@ def main() -> None:
             f"  grad rel diff {float((grad - results['unshared']).norm() / results['unshared'].norm()):.2e}"
         print(f"{variant:>9}: {seconds:7.1f} s  {len(packs)} sub-batches  {tokens} padded tokens  "
               f"peak RSS +{rss:.0f} MB{diff}")
+        figures["seconds"][variant] = round(seconds, 1)
+        figures["padded_tokens"][variant] = tokens
+        if diff:
+            figures["grad_rel_diff"] = float(f"{float((grad - results['unshared']).norm() / results['unshared'].norm()):.1e}")
+    # the recorded figures were measured with --calls 3 --layers 2
+    recorded = vars(cli) == vars(build_parser().parse_args(["--calls", "3", "--layers", "2"]))
+    write_result("bench_prefix_sharing", figures, recorded=recorded)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_io import write_result
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -106,11 +108,19 @@ def main() -> None:
                   f"{(Path(out) / 'report.html').stat().st_size / 1e6:.2f} MB")
         from gigpo_trl.records import read_records, record_files
 
+        figures = {"records_share_of_iteration_pct": round(100 * share, 3)}
+        if built:
+            figures |= {"report_s": round(built[0], 2), "report_share_of_iteration_pct": round(100 * built[0] / mean_it, 2),
+                        "page_mb": round((Path(out) / "report.html").stat().st_size / 1e6, 2)}
+        all_rows = all_bytes = 0
         for it, paths in record_files(out).items():
             rows = sum(len(read_records(p)) for p in paths)
             size = sum(p.stat().st_size for p in paths)
+            all_rows, all_bytes = all_rows + rows, all_bytes + size
             print(f"iteration {it}: {rows} rows, {size / 1024:.1f} KiB compressed ({size / max(rows, 1):.0f} B/row)")
+        figures["bytes_per_row_compressed"] = round(all_bytes / max(all_rows, 1))
         print(f"records off: {off_cost() * 1e9:.0f} ns per iteration (one call that returns at once)")
+        write_result("bench_records", figures, recorded=not cli.job_args)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,13 @@ top-level ``trainer.evaluate()`` and ``expert_warmup(...)`` line also prints its
 ``OMP_NUM_THREADS=2``, from any folder (the example writes under ``outputs/``). Figures: benchmarks/README.md."""
 import argparse
 import re
+import resource
 import time
 from pathlib import Path
+
+from results_io import write_result
+
+PAGE_NAMES = {"README": "readme_notebook", "environments": "hanoi"}  # page -> its entry in results/doc_example.json
 
 
 def example_source(page: Path) -> str:
@@ -21,7 +26,7 @@ def example_source(page: Path) -> str:
     for line in blocks[0].splitlines():
         call = line.split("#")[0].strip()
         if line.startswith("trainer.evaluate()"):
-            line = f"print('EVAL', {call}, flush=True)"
+            line = f"print('EVAL', _evaluations.append({call}) or _evaluations[-1], flush=True)"
         elif line.startswith("expert_warmup("):
             line = f"print('WARMUP', {call}, flush=True)"
         lines.append(line)
@@ -35,9 +40,18 @@ def main() -> None:
     if not page.is_absolute() and not page.exists():
         page = Path(__file__).resolve().parent.parent / page
     source = example_source(page)
+    evaluations: list[dict] = []
     start = time.perf_counter()
-    exec(compile(source, f"{page.name} example", "exec"), {"__name__": "doc_example"})
-    print(f"DONE {time.perf_counter() - start:.0f} s", flush=True)
+    exec(compile(source, f"{page.name} example", "exec"), {"__name__": "doc_example", "_evaluations": evaluations})
+    seconds = time.perf_counter() - start
+    print(f"DONE {seconds:.0f} s", flush=True)
+    if evaluations:
+        name = PAGE_NAMES.get(page.stem, page.stem)
+        write_result("doc_example", {name: {
+            "success_before": evaluations[0].get("eval_success_rate"),
+            "success_after": evaluations[-1].get("eval_success_rate"), "seconds": round(seconds),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1)}},
+            recorded=True, merge=True)
 
 
 if __name__ == "__main__":

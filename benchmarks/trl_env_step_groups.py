@@ -39,6 +39,7 @@ from conftest import CORPUS  # noqa: E402  (the test suite's tokenizer corpus)
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer  # noqa: E402
 from tiny_models import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from results_io import is_default_run, write_result  # noqa: E402
 
 
 class TowerOfHanoi:
@@ -96,6 +97,7 @@ def main() -> None:
     trainer.collector.generate_fn = random_player
     trainer.train()
     keys = ["rollout/rows", "episode/invalid_action_rate", "episode/return_mean", "episode/success_rate"]
+    figures = {"rows_per_iteration": [], "return": [], "level0_row_group_size_mean": [], "level0_singleton_groups": []}
     for log in trainer.state.log_history:
         if "rollout/rows" not in log:
             continue
@@ -105,6 +107,11 @@ def main() -> None:
             out[f"level_{level}"] = {k: round(log[f"{name}/{k}"], 3) for k in
                                      ("num_groups", "group_size_mean", "row_group_size_mean", "singleton_fraction")}
         print(json.dumps({"step": log["step"], **out}))
+        figures["rows_per_iteration"].append(int(log["rollout/rows"]))
+        figures["return"].append(round(log["episode/return_mean"], 3))
+        figures["level0_row_group_size_mean"].append(round(log["anchor/level_0/row_group_size_mean"], 1))
+        figures["level0_singleton_groups"].append(round(log["anchor/level_0/singleton_fraction"], 2))
+    write_result("trl_env_step_groups", figures, recorded=is_default_run(build_parser(), args))
 
 
 if __name__ == "__main__":

@@ -213,7 +213,8 @@ INDEX = [
               f"{_fig('bench_records')['report_s']} s"), "[results](results/bench_records.json)"),
     ("trl_env_step_groups.py", "step groups of a TRL tool environment trained by GiGPOTrainer",
      "python benchmarks/trl_env_step_groups.py",
-     lambda: (f"mean step-group size of a row {_fig('trl_env_step_groups')['level0_row_group_size_mean'][0]}"),
+     lambda: (f"mean step-group size of a row {_fig('trl_env_step_groups')['level0_row_group_size_mean'][0]} "
+                     "in the first iteration"),
      "[results](results/trl_env_step_groups.json)"),
     ("bench_lora_sync.py", "bf16 LoRA weight sync: TRL's in-place merge against an out-of-place one",
      "python benchmarks/bench_lora_sync.py",
