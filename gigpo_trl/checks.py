@@ -32,6 +32,24 @@ def check_first_prompt(collector, env_factories: Mapping, dataset) -> None:
         collector.check_task(dataset[index], key)
 
 
+def env_tasks(env, split: str, name: str):
+    """The environment's own tasks of ``split`` (its ``tasks(split)`` hook), for a trainer given no ``name`` dataset.
+    Raises ``ValueError`` naming the environment class and both ways of giving tasks when it has no such hook (or the
+    base class's, which raises ``NotImplementedError``)."""
+    hook = getattr(env, "tasks", None)
+    try:
+        if hook is not None:
+            return hook(split)
+    except NotImplementedError:
+        pass
+    cls = type(getattr(env, "unwrapped", env)).__name__
+    raise ValueError(
+        f"{name} is None and {cls} has no tasks(split) method, so there are no tasks to play; either pass {name}=, a "
+        "datasets.Dataset with a 'task' column (what reset receives) and a 'seed' column (optional 'task_type'), or "
+        f"define {cls}.tasks(split) returning one for split 'train' and 'eval' (see docs/environments.md)"
+    )
+
+
 def check_task_dataset(dataset, args: GiGPOConfig | None, name: str) -> None:
     """Fail early (``ValueError`` naming ``name`` and the bad value) on a task dataset the collector cannot use: no
     ``task`` column; for training (``args`` given) an ``IterableDataset`` or fewer tasks than one generation batch

@@ -12,6 +12,7 @@ from trl import GRPOConfig
 
 from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .advantage.settings import EstimatorSettings
+from .grpo_fields import check_unused_grpo_fields
 
 _SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
 
@@ -392,6 +393,7 @@ class GiGPOConfig(GRPOConfig):
                                       or not math.isfinite(threshold)):
             raise ValueError(f"success_reward_threshold must be a finite number or None, got {threshold!r}")
         self._check_token_budget()
+        check_unused_grpo_fields(self)  # GRPOConfig fields GiGPOTrainer never reads
 
     def _check_estimator(self) -> None:
         """The advantage estimator's settings (GiGPO, HGPO, GraphGPO): each bad value raises a ValueError naming it;

@@ -45,7 +45,7 @@ from trl.trainer.utils import pad, use_adapter
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
 from .checkpoint import CheckpointMixin
-from .checks import check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset
+from .checks import check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset, env_tasks
 from .config import GiGPOConfig
 from .dynamic_sampling import DynamicSampler
 from .envs.adapters import resolve_envs
@@ -147,7 +147,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             raise TypeError(f"args must be a GiGPOConfig, got {type(args).__name__}")
         self._probe_env = next(iter(self.env_factories.values()))()
         if train_dataset is None:
-            train_dataset = self._probe_env.tasks("train")
+            train_dataset = env_tasks(self._probe_env, "train", "train_dataset")
         check_task_dataset(train_dataset, args, "train_dataset")
         check_vllm_args(args)
         with server_weight_sync_guard(args) as server_sync:  # vLLM server mode without CUDA: one warning, no sync
@@ -495,7 +495,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
-            dataset = self._probe_env.tasks("eval")
+            dataset = env_tasks(self._probe_env, "eval", "eval_dataset")
         if isinstance(dataset, Mapping):
             metrics = {}
             for name, part in dataset.items():

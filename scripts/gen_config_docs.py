@@ -97,9 +97,11 @@ def render() -> str:
         f"run `{COMMAND}` and commit the page (`tests/test_docs.py` fails while it differs).",
         "",
         "`GiGPOConfig` is TRL's `GRPOConfig` plus the fields below; every `GRPOConfig` (and `TrainingArguments`) field",
-        "applies too. A *group* is `num_generations` rollouts of one task from one seed, and each (environment, turn)",
-        "is one training row, so `per_device_train_batch_size` × `steps_per_generation` counts *trajectories* per",
-        "process and iteration. Each field is also a command-line flag of the example jobs (`--name value`).",
+        "applies too, except the few that GiGPO replaces or does not read, which raise or warn when set",
+        "([from_grpo.md](from_grpo.md) lists them). A *group* is `num_generations` rollouts of one task from one seed,",
+        "and each (environment, turn) is one training row, so `per_device_train_batch_size` × `steps_per_generation`",
+        "counts *trajectories* per process and iteration. Each field is also a command-line flag of the example jobs",
+        "(`--name value`).",
         "",
     ]
     listed: set[str] = set()

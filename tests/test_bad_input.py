@@ -77,6 +77,46 @@ def test_env_step_timeout_without_workers_warns_at_init():
         GiGPOConfig(**BASE, num_generations=2)
 
 
+@pytest.mark.parametrize("overrides, match", [
+    (dict(scale_rewards="none"), r"scale_rewards='none': GiGPOTrainer does not read this GRPOConfig field \(the "
+                                 r"advantage's normalisation is advantage_mode .*\); leave it at its default, 'group'"),
+    (dict(scale_rewards="batch"), r"scale_rewards='batch': .* leave it at its default, 'group'"),
+    (dict(reward_weights=[2.0]), r"reward_weights=\[2.0\]: .*the reward comes from the environment.* default, None"),
+    (dict(multi_objective_aggregation="normalize_then_sum"),
+     r"multi_objective_aggregation='normalize_then_sum': .* default, 'sum_then_normalize'"),
+    (dict(max_tool_calling_iterations=5), r"max_tool_calling_iterations=5: .*turn limit is max_turns"),
+    (dict(num_generations_eval=4), r"num_generations_eval=4: .*one episode per eval task"),
+])
+def test_config_refuses_grpo_fields_that_gigpo_replaces(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        GiGPOConfig(**BASE, num_generations=2, **overrides)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(log_multimodal=False), r"log_multimodal=False: GiGPOTrainer does not read this GRPOConfig field "
+                                 r"\(GiGPO's prompts are text\); it has no effect"),
+    (dict(prediction_loss_only=True), r"prediction_loss_only=True: .*evaluate\(\) replaces Trainer's evaluation loop"),
+    (dict(eval_accumulation_steps=2), r"eval_accumulation_steps=2: .*it has no effect"),
+    (dict(include_for_metrics=["inputs"]), r"include_for_metrics=\['inputs'\]: .*it has no effect"),
+])
+def test_config_warns_on_grpo_fields_without_effect(overrides, match):
+    with pytest.warns(UserWarning, match=match) as record:
+        GiGPOConfig(**BASE, num_generations=2, **overrides)
+    assert [Path(w.filename).name for w in record] == ["test_bad_input.py"]  # points at the caller's line
+
+
+def test_grpo_fields_at_their_defaults_pass_silently():
+    from gigpo_trl.grpo_fields import IGNORED_FIELDS, REPLACED_FIELDS, grpo_default
+
+    defaults = {name: grpo_default(name) for name in (*REPLACED_FIELDS, *IGNORED_FIELDS)}
+    assert defaults["scale_rewards"] == "group" and defaults["include_for_metrics"] == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        args = GiGPOConfig(**BASE, num_generations=2, **defaults)
+        GiGPOConfig(**BASE, num_generations=2, scale_rewards=True)  # TRL's spelling of 'group'
+    assert args.scale_rewards == "group"
+
+
 # ----------------------------------------------------------------------------------------------- trainer init
 class BadObsEnv(LineWalkEnv):
     """reset returns a dict observation and the env defines no anchor_state hook."""
@@ -141,6 +181,58 @@ def test_dataset_too_small_and_missing_task_column(tmp_path, tiny_model_dir, tin
     with pytest.raises(ValueError, match=r"train_dataset has no 'task' column \(columns: \['prompt', 'seed'\]\)"):
         GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=no_task,
                      processing_class=tiny_tokenizer)
+
+
+class PlainWalk:
+    """LineWalkEnv's game as a plain class (no TextEnv base) without a tasks(split) method."""
+
+    def __init__(self):
+        self._game = LineWalkEnv()
+
+    def reset(self, task, seed=None):
+        return self._game.reset(task, seed)
+
+    def step(self, action):
+        return self._game.step(action)
+
+
+class WalkWithoutTasks(TextEnv):
+    """A TextEnv subclass that keeps the base class's tasks(), which has no splits."""
+
+    reset, step = PlainWalk.reset, PlainWalk.step
+
+    def __init__(self):
+        self._game = LineWalkEnv()
+
+
+class WalkTool:
+    """A TRL environment_factory class (reset(**row), one tool) without tasks."""
+
+    def reset(self, **row) -> str:
+        return "at 0"
+
+    def right(self) -> str:
+        """Move right."""
+        return "at 1"
+
+
+@pytest.mark.parametrize("env, name", [(PlainWalk, "PlainWalk"), (WalkWithoutTasks, "WalkWithoutTasks"),
+                                       (WalkTool, "WalkTool")])
+def test_env_without_tasks_and_no_dataset_names_both_ways(env, name, tmp_path, tiny_model_dir, tiny_tokenizer):
+    both_ways = (r"either pass {0}=, a datasets.Dataset with a 'task' column \(what reset receives\) and a 'seed' "
+                 r"column \(optional 'task_type'\), or define {1}.tasks\(split\) returning one for split 'train' "
+                 r"and 'eval' \(see docs/environments.md\)")
+    with pytest.raises(ValueError, match=rf"^train_dataset is None and {name} has no tasks\(split\) method, so there "
+                                         rf"are no tasks to play; {both_ways.format('train_dataset', name)}$"):
+        GiGPOTrainer(tiny_model_dir, env=env, args=make_args(tmp_path), processing_class=tiny_tokenizer)
+    if env is PlainWalk:  # training tasks given, no eval tasks: evaluate() says the same for eval_dataset
+        tasks = datasets.Dataset.from_dict({"task": [4, 5], "seed": [0, 1]})
+        trainer = GiGPOTrainer(tiny_model_dir, env=env, args=make_args(tmp_path), train_dataset=tasks,
+                               processing_class=tiny_tokenizer)
+        with pytest.raises(ValueError, match=rf"^eval_dataset is None and PlainWalk has no tasks\(split\) method, "
+                                             rf".*; {both_ways.format('eval_dataset', name)}$"):
+            trainer.evaluate()
+        trainer.collector.close()
 
 
 def test_env_with_non_string_observation_fails_at_init(tmp_path, tiny_model_dir, tiny_tokenizer):

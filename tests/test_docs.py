@@ -188,6 +188,21 @@ def test_config_docs_parse_every_field_of_the_docstring():
     assert described == {"alpha": "The first field.", "beta": "Second."}
 
 
+def test_from_grpo_lists_every_grpo_field_gigpo_does_not_read():
+    """docs/from_grpo.md's table holds exactly the fields of gigpo_trl/grpo_fields.py, each with GRPOConfig's default
+    and what setting it does (error for a replaced field, warning for one without effect)."""
+    import ast
+
+    from gigpo_trl.grpo_fields import IGNORED_FIELDS, REPLACED_FIELDS, grpo_default
+
+    text = (REPO / "docs" / "from_grpo.md").read_text()
+    rows = {m.group(1): (ast.literal_eval(m.group(2)), m.group(3))
+            for m in re.finditer(r"^\| `(\w+)` \| `(.*?)` \| (error|warning) \|", text, re.M)}
+    expected = {**{name: (grpo_default(name), "error") for name in REPLACED_FIELDS},
+                **{name: (grpo_default(name), "warning") for name in IGNORED_FIELDS}}
+    assert rows == expected
+
+
 def test_relative_links_resolve():
     """Every relative Markdown link of README.md, docs/*.md, tests/README.md and the benchmark pages points at an
     existing file."""
