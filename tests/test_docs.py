@@ -203,6 +203,65 @@ def test_from_grpo_lists_every_grpo_field_gigpo_does_not_read():
     assert rows == expected
 
 
+def logged_metric_keys() -> set[str]:
+    """Every metric key the package logs, read statically from gigpo_trl/: each string or f-string that is a
+    subscript or a dict key and looks like a key (``name/name...`` or ``<metric_key_prefix>_name``). In an f-string, a
+    function's ``prefix`` parameter becomes its default and a local f-string variable its own text; any other value
+    stays a placeholder (``episode/success_rate/<task_type>``). ``evaluate()`` logs each ``episode/X`` as ``eval_X``."""
+    import ast
+
+    key = re.compile(r"^[a-z_]+(/[A-Za-z_0-9<>+-]+)+$|^<metric_key_prefix>_[a-z_]+$")
+
+    def render(node, names):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            parts = []
+            for v in node.values:
+                if isinstance(v, ast.Constant):
+                    parts.append(v.value)
+                else:
+                    name = ast.unparse(v.value)
+                    parts.append(names[name] if name in names else f"<{name}>")
+            return "".join(parts)
+        return None
+
+    keys = set()
+    for path in sorted((REPO / "gigpo_trl").rglob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.Module)):
+                continue
+            names = {}
+            if isinstance(function, ast.FunctionDef):
+                args = function.args.args[len(function.args.args) - len(function.args.defaults):]
+                names = {a.arg: d.value for a, d in zip(args, function.args.defaults)
+                         if isinstance(d, ast.Constant) and isinstance(d.value, str)}
+                for node in ast.walk(function):  # local f-string variables (level = f"{prefix}/level_{k}")
+                    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                            and isinstance(node.value, ast.JoinedStr):
+                        names[node.targets[0].id] = render(node.value, names)
+            for node in ast.walk(function):
+                candidates = [node.slice] if isinstance(node, ast.Subscript) else []
+                candidates += [k for k in node.keys if k is not None] if isinstance(node, ast.Dict) else []
+                for candidate in candidates:
+                    text = render(candidate, names)
+                    if text and key.match(text) and "<prefix>" not in text:
+                        keys.add(text.replace("<metric_key_prefix>", "eval"))
+    keys |= {"eval_" + k.split("/", 1)[1] for k in keys if k.startswith("episode/")}
+    return keys
+
+
+def test_metrics_page_lists_every_logged_key():
+    """docs/metrics.md names (in backticks) every key the package logs; the extraction itself finds known keys of
+    each kind (a literal, a function's prefix default, a local f-string variable, an evaluation key)."""
+    keys = logged_metric_keys()
+    assert {"rollout/rows", "episode/success_rate/<task_type>", "anchor/level_<k>/num_groups", "eval_success_rate",
+            "eval_num_tasks", "sampling/importance_sampling_ratio/max", "dynamic_sampling/replaced_groups"} <= keys
+    page = (REPO / "docs" / "metrics.md").read_text()
+    missing = sorted(k for k in keys if f"`{k}`" not in page)
+    assert not missing, f"docs/metrics.md does not list {missing}"
+
+
 def test_relative_links_resolve():
     """Every relative Markdown link of README.md, docs/*.md, tests/README.md and the benchmark pages points at an
     existing file."""
