@@ -229,7 +229,7 @@ def test_evaluate_closes_its_pools_when_a_rollout_raises(tmp_path, tiny_model_di
 
     trainer.collector.generate_fn = failing_generate
     pool = trainer.collector.pools["default"]
-    processes = [w.process for w in pool._workers]
+    processes = [w.process for w in pool.workers.handles]
     with pytest.raises(RuntimeError, match="simulated CUDA error"):
         trainer.evaluate()
     assert pool._closed and trainer.collector.pools == {}

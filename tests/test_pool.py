@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from gigpo_trl.envs.frozenlake import FrozenLakeEnv
-from gigpo_trl.envs import pool as pool_module
+from gigpo_trl.envs.pool import processes as pool_processes
+from gigpo_trl.envs.pool import ray_actors
 from gigpo_trl.envs.pool import EnvPool
 from toy_env import FixedLengthEnv, SiteError, SiteFaultEnv
 
@@ -224,16 +225,16 @@ def test_reply_to_an_abandoned_call_is_never_taken_for_a_later_one(monkeypatch):
     lost until reset."""
     with EnvPool(FixedLengthEnv, num_workers=2, step_timeout=10) as pool:
         pool.reset([3, 3, 3], [0, 0, 0])
-        real_wait = pool_module._wait_connections
+        real_wait = pool_processes._wait_connections
 
         def interrupted(connections, timeout=None):
             real_wait(connections, timeout=10)  # the replies are there
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(pool_module, "_wait_connections", interrupted)
+        monkeypatch.setattr(pool_processes, "_wait_connections", interrupted)
         with pytest.raises(KeyboardInterrupt):
             pool.step({0: "wait", 1: "wait"})
-        monkeypatch.setattr(pool_module, "_wait_connections", real_wait)
+        monkeypatch.setattr(pool_processes, "_wait_connections", real_wait)
         lost = pool.step({0: "wait", 1: "wait", 2: "wait"})
         assert lost[0].error == ("slot 0, task 3: an earlier call on this slot raised before its results came back; "
                                  "the episode was lost (reset the slot to start a new one)")
@@ -262,7 +263,7 @@ def test_ray_backend_missing_gives_install_hint(monkeypatch):
 def test_ray_hanging_env_times_out_and_actor_restarts(ray_local):
     with EnvPool(TrickyEnv, num_workers=2, step_timeout=0.5, backend="ray") as pool:
         pool.reset([0, 1, HANG_TASK, 3], [0, 0, 0, 0])  # slots 0, 2 in actor 0; slots 1, 3 in actor 1
-        actor0 = pool._workers[0].actor
+        actor0 = pool.workers.handles[0].actor
         start = time.monotonic()
         results = pool.step({0: "right", 1: "down", 2: "down", 3: "down"})
         # Ray bounds a whole actor message: 0.5 s x 2 slots; both slots of the hung actor fail, the other is fine
@@ -270,7 +271,7 @@ def test_ray_hanging_env_times_out_and_actor_restarts(ray_local):
         assert "timed out after 1.0s" in results[2].error and str(HANG_TASK) in results[2].error and results[2].done
         assert "timed out" in results[0].error
         assert results[1].error is None and results[3].error is None
-        assert pool._workers[0].actor != actor0
+        assert pool.workers.handles[0].actor != actor0
         results = pool.reset([0, 1, 2, 3], [0, 0, 0, 0])
         assert all(r.error is None for r in results)
         assert all(r.error is None for r in pool.step({s: "right" for s in range(4)}).values())
@@ -296,7 +297,7 @@ def _kill_and_wait_dead(ray, actor, timeout=60.0):
 def test_ray_killed_actor_gives_errors_then_recovers(ray_local):
     with EnvPool(FrozenLakeEnv, num_workers=2, step_timeout=10, backend="ray") as pool:
         pool.reset([0, 1, 2, 3, 4], [0, 0, 0, 0, 0])  # actor 1 holds slots 1, 3
-        _kill_and_wait_dead(ray_local, pool._workers[1].actor)
+        _kill_and_wait_dead(ray_local, pool.workers.handles[1].actor)
         results = pool.step({0: "right", 1: "down"})
         assert results[0].error is None
         assert results[1].done and "worker actor died" in results[1].error and "task 1" in results[1].error
@@ -348,7 +349,7 @@ def test_ray_address_goes_to_ray_init_unless_ray_is_initialised(monkeypatch):
         EnvPool(FrozenLakeEnv, num_workers=1, backend="ray")  # None: Ray's lookup (RAY_ADDRESS, else local)
     assert [c["address"] for c in calls] == ["ray://head:10001", None]
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    pool_module._connect_ray("ray://head:10001")  # an initialised Ray (the user's ray.init) is used as is
+    ray_actors.connect_ray("ray://head:10001")  # an initialised Ray (the user's ray.init) is used as is
     assert len(calls) == 2
 
 

@@ -233,7 +233,7 @@ def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, ti
     args = make_args(tmp_path, num_env_workers=1, env_step_timeout=30)
     trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
     pool = trainer.collector.pools["default"]
-    workers = [w.process for w in pool._workers]
+    workers = [w.process for w in pool.workers.handles]
     assert len(workers) == 1 and workers[0].is_alive()
     trainer.train()
     workers[0].join(timeout=5)
@@ -243,7 +243,7 @@ def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, ti
     assert metrics["eval_num_tasks"] == 2.0
     assert trainer.collector.pools["default"].worker_pids()[0] not in (None, workers[0].pid)  # a new process
     second = trainer.collector.pools["default"]
-    alive = [w.process for w in second._workers]
+    alive = [w.process for w in second.workers.handles]
     assert all(p.is_alive() for p in alive)
     # an error inside train() closes the pool too
     trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
