@@ -24,6 +24,10 @@ text that differs between identical states (a turn counter, say).
 Environments are created by a factory (the class itself or any picklable zero-argument callable), one
 instance per rollout slot, and reused across ``reset`` calls.
 
+Tasks: the trainer's ``train_dataset`` / ``eval_dataset`` (a ``datasets.Dataset`` with ``task`` and ``seed`` columns),
+or, when none is given, the environment's own ``tasks(split) -> datasets.Dataset`` for ``"train"`` and ``"eval"``
+(optional; without either the trainer refuses to start, naming both).
+
 Optional hooks the collector uses when an environment (or its class) defines them:
 
 - ``reset_receives_row = True`` (class attribute): ``reset`` gets the whole task row (a dict of the dataset's
