@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
-from .advantage.settings import EstimatorSettings
+from .advantage.settings import ESTIMATORS, EstimatorSettings, estimator_fields
 from .grpo_fields import check_unused_grpo_fields
 
 _SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
@@ -43,6 +43,10 @@ class GiGPOConfig(GRPOConfig):
     Parameters:
         > Parameters that control the GiGPO advantage (arXiv 2505.10978, Sec. 3)
 
+        estimator (`str` or `None`, *optional*, defaults to `None`):
+            `"gigpo"`, `"grpo"` (ω = 0), `"hgpo"`, `"graphgpo"` or `"g2po"`: sets the fields below to that recipe. It
+            fixes `step_advantage_weight`, `step_grouping`, `step_return` (another value given is an error); fields
+            left at their defaults take the recipe's value (GraphGPO: γ = 0.10, `mean_std_norm`). `None`: the fields.
         step_advantage_weight (`float`, *optional*, defaults to `1.0`):
             ω in A = A_E + ω·A_S. `0.0` gives plain GRPO (episode-level advantage only), the baseline.
         gamma (`float`, *optional*, defaults to `0.95`):
@@ -73,16 +77,19 @@ class GiGPOConfig(GRPOConfig):
             With `step_grouping="hierarchical"`, add the episode advantage A_E to each row's levels as one more item
             of weight 1 (the recipe's `base_group`; its scripts leave it off). It is never added on top.
         step_return (`str`, *optional*, defaults to `"discounted"`):
-            The return that A_S normalises: `"discounted"` (GiGPO's G_t) or `"graph"` (GraphGPO, arXiv 2605.26684,
-            as its authors' recipe computes it: each task group's transitions form a graph, and an action's return
-            is 10·γ^d, d the shortest distance from the state it led to to success; A_E, the step groups and ω are
-            GiGPO's). `"graph"` needs `step_grouping="state"` and exact anchors. The recipe's γ is much smaller
-            than GiGPO's 0.95, so that near states dominate: its run scripts set `gamma=0.10` on ALFWorld and
-            `gamma=0.20` on WebShop (see `configs/*_graphgpo.yaml`).
+            The return that A_S normalises: `"discounted"` (GiGPO's G_t), `"graph"` (GraphGPO, arXiv 2605.26684, as
+            its authors' recipe computes it: 10·γ^d, d the shortest distance from the state the action led to to
+            success in the task group's transition graph; needs exact anchors; its γ is 0.10 on ALFWorld, 0.20 on
+            WebShop, see `configs/*_graphgpo.yaml`) or `"g2po"` (G2PO, arXiv 2606.22995: V(s'), the group-aggregated
+            value of the state the action led to, plus its gain over V(s)). Both need `step_grouping="state"`; A_E
+            and ω stay GiGPO's (see `docs/estimators.md`).
         graph_normalize_distance (`bool`, *optional*, defaults to `False`):
             With `step_return="graph"`, the return 10·γ^(d(s') − d(s) + 1) of the progress from the anchor state
             s to the state s' the action led to, instead of 10·γ^d(s') (the recipe's `normalize_distance`; its run
             scripts leave it off).
+        g2po_success_reward (`float`, *optional*, defaults to `10.0`):
+            With `step_return="g2po"`: a return equal to it is a success, whose last action leads to this value (the
+            authors' 10.0, ALFWorld's and WebShop's; set your environment's, e.g. `1.0` for the bundled ones).
         drop_nonfinite_rows (`bool`, *optional*, defaults to `False`):
             What a NaN or infinite reward, return or advantage does (TRL's loss would silently zero it): `False`
             raises a `ValueError` naming the rows (task group, trajectory, turn) and the input; `True` logs that as
@@ -188,6 +195,9 @@ class GiGPOConfig(GRPOConfig):
     """
 
     # GiGPO advantage
+    estimator: str | None = field(default=None, metadata={
+        "help": "Sets the advantage fields to an estimator's recipe: 'gigpo', 'grpo', 'hgpo', 'graphgpo' or 'g2po'. "
+                "None: the fields alone decide.", "choices": list(ESTIMATORS)})
     step_advantage_weight: float = field(
         default=1.0,
         metadata={"help": "ω in A = A_E + ω·A_S. 0.0 gives plain GRPO (episode-level advantage only)."},
@@ -238,7 +248,8 @@ class GiGPOConfig(GRPOConfig):
         default="discounted",
         metadata={"help": "The return that A_S normalises: 'discounted' (GiGPO's G_t) or 'graph' (GraphGPO: 10·γ^d, "
                           "d the distance from the state the action led to to success in the task group's "
-                          "transition graph; the recipe's γ is 0.10 on ALFWorld, 0.20 on WebShop).",
+                          "transition graph; the recipe's γ is 0.10 on ALFWorld, 0.20 on WebShop) or 'g2po' (G2PO: "
+                          "the group-aggregated value of the state the action led to, plus its gain).",
                   "choices": list(STEP_RETURNS)},
     )
     graph_normalize_distance: bool = field(
@@ -246,6 +257,9 @@ class GiGPOConfig(GRPOConfig):
         metadata={"help": "With step_return='graph', the return 10·γ^(d(s') − d(s) + 1) of the progress from the "
                           "anchor state (the recipe's normalize_distance)."},
     )
+    g2po_success_reward: float = field(default=10.0, metadata={
+        "help": "With step_return='g2po': the return that counts as success and the value its last action leads to "
+                "(the authors' 10.0; set your environment's success reward)."})
     drop_nonfinite_rows: bool = field(
         default=False,
         metadata={"help": "False: a NaN/inf reward, return or advantage raises, naming the rows; True: a warning, and "
@@ -353,14 +367,12 @@ class GiGPOConfig(GRPOConfig):
 
     @property
     def estimator_settings(self) -> EstimatorSettings:
-        """The advantage estimator's settings as one value (:class:`~gigpo_trl.advantage.EstimatorSettings`), read
-        from this config's fields: what the trainer passes to `compute_gigpo_advantages` and the records store."""
-        return EstimatorSettings(**{name: getattr(self, field) for name, field in EstimatorSettings.config_fields().items()})
+        """The estimator's settings as one value (`EstimatorSettings`): what the trainer and the records use."""
+        return EstimatorSettings.from_config(self)
 
     @property
     def steps_per_rollout(self) -> int:
-        """Micro-steps between two rollouts: each rollout's batch is split into `steps_per_generation` micro-batches
-        and optimised `num_iterations` times (TRL's `generate_every`)."""
+        """Micro-steps between two rollouts (`steps_per_generation` x `num_iterations`, TRL's `generate_every`)."""
         return self.steps_per_generation * self.num_iterations
 
     def __post_init__(self):
@@ -396,53 +408,45 @@ class GiGPOConfig(GRPOConfig):
         check_unused_grpo_fields(self)  # GRPOConfig fields GiGPOTrainer never reads
 
     def _check_estimator(self) -> None:
-        """The advantage estimator's settings (GiGPO, HGPO, GraphGPO): each bad value raises a ValueError naming it;
-        settings that another option makes unused warn."""
-        if self.advantage_mode not in MODES:
-            raise ValueError(f"advantage_mode must be one of {list(MODES)}, got {self.advantage_mode!r}")
-        if self.episode_stats not in EPISODE_STATS:
-            raise ValueError(f"episode_stats must be one of {list(EPISODE_STATS)}, got {self.episode_stats!r}")
+        """The estimator's fields (after `estimator`'s recipe): a bad value raises naming it; unused settings warn."""
+        if self.estimator is not None:  # the recipe's values (gigpo_trl.advantage.settings.estimator_fields)
+            for name, value in estimator_fields(self.estimator, vars(self)).items():
+                setattr(self, name, value)
+        for name, allowed in (("advantage_mode", MODES), ("episode_stats", EPISODE_STATS),
+                              ("step_grouping", STEP_GROUPINGS), ("step_return", STEP_RETURNS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.anchor_similarity_threshold is not None and not 0.0 < self.anchor_similarity_threshold < 1.0:
-            raise ValueError(
-                f"anchor_similarity_threshold must be None or in (0, 1), got {self.anchor_similarity_threshold}"
-            )
-        if self.step_grouping not in STEP_GROUPINGS:
-            raise ValueError(f"step_grouping must be one of {list(STEP_GROUPINGS)}, got {self.step_grouping!r}")
+        threshold = self.anchor_similarity_threshold
+        if threshold is not None and not 0.0 < threshold < 1.0:
+            raise ValueError(f"anchor_similarity_threshold must be None or in (0, 1), got {threshold}")
         depth = self.hierarchy_depth
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ValueError(f"hierarchy_depth must be an int >= 0, got {self.hierarchy_depth!r}")
         alpha = self.hierarchy_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha < float("inf"):
             raise ValueError(f"hierarchy_alpha must be a finite number >= 0, got {self.hierarchy_alpha!r}")
-        if not isinstance(self.hierarchy_base_group, bool):
-            raise ValueError(f"hierarchy_base_group must be True or False, got {self.hierarchy_base_group!r}")
-        if self.step_return not in STEP_RETURNS:
-            raise ValueError(f"step_return must be one of {list(STEP_RETURNS)}, got {self.step_return!r}")
-        if not isinstance(self.graph_normalize_distance, bool):
-            raise ValueError(f"graph_normalize_distance must be True or False, got {self.graph_normalize_distance!r}")
-        if self.step_return == "graph" and self.step_grouping != "state":
-            raise ValueError(f"step_return='graph' uses GiGPO's step groups: step_grouping must be 'state', got "
-                             f"{self.step_grouping!r}")
+        for name in ("hierarchy_base_group", "graph_normalize_distance"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.step_return != "discounted" and self.step_grouping != "state":
+            raise ValueError(f"step_return={self.step_return!r} uses GiGPO's step groups: step_grouping must be "
+                             f"'state', got {self.step_grouping!r}")
         if self.step_return == "graph" and self.anchor_similarity_threshold is not None:
             raise ValueError(f"step_return='graph' matches states exactly (its graph's nodes): "
                              f"anchor_similarity_threshold must be None, got {self.anchor_similarity_threshold}")
+        self.estimator_settings  # noqa: B018 - the settings value checks what the lines above do not (g2po_*)
         if self.step_grouping == "hierarchical" and self.step_advantage_weight != 1.0:
             warnings.warn(
                 f"step_advantage_weight={self.step_advantage_weight} is not used by step_grouping='hierarchical': "
                 "HGPO's advantage is its weighted step advantage alone (A_E enters only with hierarchy_base_group)",
-                UserWarning,
-                stacklevel=3,
-            )
+                UserWarning, stacklevel=3)
         if self.step_grouping == "hierarchical" and self.hierarchy_depth > self.history_length:
             warnings.warn(
                 f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "
                 f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
-                "hierarchy_depth <= history_length, e.g. both 2)",
-                UserWarning,
-                stacklevel=3,
-            )
+                "hierarchy_depth <= history_length, e.g. both 2)", UserWarning, stacklevel=3)
 
     def _check_env_workers(self) -> None:
         from .envs.pool import BACKENDS

@@ -56,6 +56,17 @@ make_args = tiny_run_config  # tests/conftest.py: 4 rollouts x 3 turns, one iter
     (dict(eval_temperature=-1.0), ValueError, r"eval_temperature must be >= 0, got -1.0"),
     (dict(success_reward_threshold=float("nan")), ValueError,
      r"success_reward_threshold must be a finite number or None, got nan"),
+    (dict(estimator="gpo"), ValueError,
+     r"estimator must be None or one of \['gigpo', 'grpo', 'hgpo', 'graphgpo', 'g2po'\], got 'gpo'"),
+    (dict(estimator="grpo", step_advantage_weight=0.5), ValueError,
+     r"estimator='grpo' sets step_advantage_weight=0.0, but step_advantage_weight=0.5 was given; drop one"),
+    (dict(estimator="g2po", step_grouping="hierarchical"), ValueError,
+     r"estimator='g2po' sets step_grouping='state', but step_grouping='hierarchical' was given"),
+    (dict(estimator="graphgpo", anchor_similarity_threshold=0.8), ValueError,
+     r"estimator='graphgpo' sets anchor_similarity_threshold=None, but anchor_similarity_threshold=0.8 was given"),
+    (dict(step_return="g2po", step_grouping="hierarchical"), ValueError,
+     r"step_return='g2po' uses GiGPO's step groups: step_grouping must be 'state', got 'hierarchical'"),
+    (dict(g2po_success_reward=float("inf")), ValueError, r"g2po_success_reward must be finite"),
 ])
 def test_config_rejects_bad_values(overrides, exc, match):
     with pytest.raises(exc, match=match):

@@ -211,6 +211,14 @@ def test_python_m_job_takes_the_environment_from_env(capsys):
 
 
 # ----------------------------------------------------------------------------------------------- --help
+def test_estimator_flag_sets_the_recipe(tmp_path):
+    parser = build_parser({"env": "frozenlake"})
+    _, args, _ = parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--estimator", "graphgpo",
+                                                    "--gamma", "0.2"])
+    assert (args.estimator, args.step_return, args.gamma, args.advantage_mode) == ("graphgpo", "graph", 0.2,
+                                                                                  "mean_std_norm")
+
+
 def test_help_lists_job_and_gigpo_flags_first():
     parser = build_parser({"env": "webshop"}, {**EXAMPLE_DEFAULTS["webshop"], "output_dir": "outputs/gigpo-webshop"})
     text = parser.format_help()

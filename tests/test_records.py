@@ -187,6 +187,10 @@ def test_hand_built_group_values_and_graph(tmp_path):
     # HGPO (K=2, alpha 1): level 0 = the step groups (weight 2); at turn 1 level 1 (context s0, s1: both rows)
     # gives the same +-0.5 (weight 3): (2 * 0.5 + 3 * 0.5) / (5 + 1e-6); turn 0 has level 0 only
     assert values["HGPO A"] == pytest.approx([0.25, -0.25, 0.5, -0.5], abs=1e-5)
+    # G2PO (success reward 10, so A's return 1 is not a success: both last rows lead to 0): V(s0) = (0.5^2 * 1 + 0)
+    # / 2 = 0.125, V(s1) = (0.5 * 1 + 0) / 2 = 0.25; next values 0.25, 0.25, 0, 0 are equal within each step
+    # group (first term 0); gains 0.125, 0.125, -0.25, -0.25 (mean -0.0625) -> +-0.1875, plus A_E
+    assert values["G2PO A"] == pytest.approx([0.6875, -0.3125, 0.3125, -0.6875])
 
 
 # ---------------------------------------------------------------------------------------------------- in the browser

@@ -10,6 +10,8 @@
   history, the weighted mean of their advantages — :mod:`.hgpo`.
 * GraphGPO (Cheng, He, Feng et al., arXiv 2605.26684), ``step_return="graph"``: GiGPO's levels with the
   step return read off each task group's transition graph, ``10 * gamma ** d(next state)`` — :mod:`.graph`.
+* G2PO (arXiv 2606.22995), ``step_return="g2po"``: the group-aggregated value of the state an action led to,
+  normalised within the step group, plus its gain over the task group — :mod:`.g2po`.
 
 The numerical conventions follow the reference implementation that produced the papers' tables
 (invalid-action penalty, per-row episode statistics, ``A_S = 0`` for a singleton step group, ``1e-6`` added

@@ -15,6 +15,7 @@ import torch
 
 from .gigpo import discounted_returns, episode_relative_advantages, lone_trajectory_rows, step_relative_advantages
 from .hgpo import hierarchical_advantages, history_contexts
+from .g2po import next_state_values, state_values, value_gain_advantages
 from .graph import graph_returns
 from .rows import (as_rewards, as_valid, check_length, dense_codes, exact_anchor_codes, factorize,
                    joint_anchor_codes, pair_codes, previous_rows, turn_order)
@@ -44,8 +45,8 @@ class AdvantageResult:
         for ``step_grouping="hierarchical"``.
     step_returns : the row's step return minus its invalid-action penalty;
         the quantity that ``A_S`` normalises: the discounted return ``G_t``
-        (reward units), or GraphGPO's ``10 * gamma ** d`` for
-        ``step_return="graph"``.
+        (reward units), GraphGPO's ``10 * gamma ** d`` for
+        ``step_return="graph"``, or G2PO's ``V(s')`` for ``"g2po"``.
     anchor_group_ids : step group of the row, labels ``0..K-1``. Two rows
         share a label iff they share a step group; the label values are an
         implementation detail (they may change when rows are permuted).
@@ -68,6 +69,12 @@ class AdvantageResult:
     anchor_reaches_success : ``step_return="graph"`` only (else ``None``):
         bool, whether the row's anchor state has a path to success in its
         task group's graph.
+    state_values : ``step_return="g2po"`` only (else ``None``): float,
+        G2PO's value ``V(s)`` of the row's anchor state (see
+        :mod:`~gigpo_trl.advantage.g2po`).
+    next_state_values : ``step_return="g2po"`` only (else ``None``): float,
+        ``V(s')`` of the state the row's action led to (the next row's
+        anchor state; at a trajectory's last row the terminal value).
     """
 
     episode_advantages: Any
@@ -81,6 +88,8 @@ class AdvantageResult:
     level_group_sizes: Any = None
     next_state_distances: Any = None
     anchor_reaches_success: Any = None
+    state_values: Any = None
+    next_state_values: Any = None
 
 
 def compute_gigpo_advantages(
@@ -94,7 +103,7 @@ def compute_gigpo_advantages(
     next_anchor_states: Sequence[Any] | np.ndarray | torch.Tensor | None = None,
     **options: Any,
 ) -> AdvantageResult:
-    """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's, or GraphGPO's) for ``R`` rows (agent turns).
+    """GiGPO advantages ``A = A_E + omega * A_S`` (or HGPO's, GraphGPO's, G2PO's) for ``R`` rows (agent turns).
 
     Parameters
     ----------
@@ -163,12 +172,14 @@ def compute_gigpo_advantages(
     hierarchy_base_group : bool
         The recipe's ``base_group``: add ``A_E`` to a row's HGPO items as
         one more item of weight 1 (default ``False``, as its scripts).
-    step_return : {"discounted", "graph"}
-        The return that ``A_S`` normalises: GiGPO's ``G_t`` (default), or
+    step_return : {"discounted", "graph", "g2po"}
+        The return that ``A_S`` normalises: GiGPO's ``G_t`` (default),
         GraphGPO's (arXiv 2605.26684) read off each task group's transition
         graph, ``10 * gamma ** d(s')`` with ``d(s')`` the distance from the
-        state the action led to to success (see Notes). Needs
-        ``next_anchor_states``, ``step_grouping="state"`` and exact anchors.
+        state the action led to to success (needs ``next_anchor_states`` and
+        exact anchors), or G2PO's (arXiv 2606.22995) value ``V(s')`` of the
+        state the action led to, plus a second term (see Notes). Both need
+        ``step_grouping="state"``.
     next_anchor_states : (R,) observations, optional
         For ``step_return="graph"`` (ignored otherwise): the anchor of the
         observation the row's action returned (the next row's anchor state,
@@ -178,6 +189,10 @@ def compute_gigpo_advantages(
         The recipe's ``normalize_distance``: ``10 * gamma ** (d(s') - d(s) +
         1)``, rewarding progress from the anchor state ``s``, instead of
         ``10 * gamma ** d(s')`` (default ``False``, as its run scripts).
+    g2po_success_reward : float
+        ``step_return="g2po"``: a trajectory whose return equals it exactly
+        succeeded, and its last row leads to this value (the authors' 10.0,
+        ALFWorld's and WebShop's success reward; set your environment's).
 
     Returns
     -------
@@ -227,6 +242,17 @@ def compute_gigpo_advantages(
       step groups, ``A_S``, ``A_E`` and ``A = A_E + omega * A_S`` are
       GiGPO's, unchanged. Differences from the recipe: float64, and the
       lone-trajectory rule below.
+    * ``step_return="g2po"`` is G2PO as its authors' trainer computes it
+      (``g2po/core_g2po.py`` of Nala-YN/G2PO; see
+      :mod:`~gigpo_trl.advantage.g2po`): ``V(s)`` is the mean over every
+      row taken from ``s`` in the task group of ``gamma ** (L - t) * R_tau``
+      (``L`` rows in the trajectory, turn ``t``); ``s'`` is the next row's
+      anchor, and a last row leads to ``g2po_success_reward`` when ``R_tau``
+      equals it exactly, else to 0. ``A_S`` is ``V(s') - penalty``
+      normalised within the step group (0 for a singleton) plus ``V(s') -
+      V(s)`` normalised over the task group's rows; ``A_E`` and ``A`` are
+      GiGPO's. Differences: float64, ``gamma`` (the authors fix 0.95), and
+      the lone-trajectory rule below.
     * A task group with ONE trajectory (in training: the other members'
       environments failed and their rows were dropped) gets ``A_E = 0`` and
       ``A_S = 0`` on every row: a population of one carries no relative
@@ -257,10 +283,10 @@ def compute_gigpo_advantages(
     """
     settings = (settings or EstimatorSettings()).replace(**options) if options else settings or EstimatorSettings()
     s = _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings, next_anchor_states)
-    graph_fields = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)) if s.step_return == "graph" else None
+    extras = _EMPTY_EXTRAS.get(s.step_return, {})  # the result fields of one estimator only
     if len(s.r) == 0:
         empty, ids, levels = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros((0, s.depth + 1), dtype=np.int64)
-        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels), graph_fields)
+        return _package(rewards, empty, empty, empty, empty, ids, empty, ids, (levels, levels), extras)
     nexts = next_anchor_states if s.step_return == "graph" else None
     c = _row_codes(group_ids, trajectory_ids, anchor_states, s.threshold, nexts)  # step 1: codes, turn order
     nxt, turn = turn_order(c.traj)
@@ -268,11 +294,16 @@ def compute_gigpo_advantages(
     R_tau = np.bincount(c.traj, weights=s.r, minlength=c.n_traj)
     episode_returns = R_tau[c.traj]
     if s.step_return == "discounted":
-        G = discounted_returns(s.r, nxt, turn, s.gamma) - row_penalty
-    else:  # GraphGPO: the return of where the action led, in the task group's transition graph
-        G, *graph_fields = graph_returns(c.group, c.n_groups, c.anchor, c.next_anchor, c.n_anchors,
-                                         nxt[:-1] == len(s.r), episode_returns > 0, s.gamma, s.normalize_distance)
-        G -= row_penalty
+        G = discounted_returns(s.r, nxt, turn, s.gamma)
+    elif s.step_return == "graph":  # GraphGPO: the return of where the action led, in the task group's graph
+        G, distances, reaches = graph_returns(c.group, c.n_groups, c.anchor, c.next_anchor, c.n_anchors,
+                                              nxt[:-1] == len(s.r), episode_returns > 0, s.gamma, s.normalize_distance)
+        extras = {"next_state_distances": distances, "anchor_reaches_success": reaches}
+    else:  # G2PO: the group-aggregated value V(s') of the state the action led to
+        V = state_values(R_tau, c.traj, turn, c.step, c.n_steps, s.gamma)
+        G = next_state_values(V, c.step, nxt, episode_returns, s.success_reward)
+        extras = {"state_values": V[c.step], "next_state_values": G.copy()}
+    G = G - row_penalty
     A_E = episode_relative_advantages(  # step 3: A_E (Sec. 3.1)
         episode_returns - row_penalty, R_tau, c.group, c.traj, c.n_groups, c.n_traj, s.mode, s.episode_stats
     )
@@ -280,6 +311,9 @@ def compute_gigpo_advantages(
     A_E[lone] = 0.0  # a population of one: nothing to compare against
     if s.step_grouping == "state":  # step 4: A_S (Sec. 3.2), step 5: A (Sec. 3.3)
         A_S, count = step_relative_advantages(G, c.step, c.n_steps, s.mode)
+        if s.step_return == "g2po":  # G2PO's second term: the value gain V(s') - V(s) over the task group
+            A_S += value_gain_advantages(extras["next_state_values"] - extras["state_values"], c.group, c.n_groups,
+                                         s.mode)
         A_S[lone] = 0.0
         A, level_ids, level_sizes = A_E + s.omega * A_S, c.step[:, None], count[c.step][:, None]
     else:  # HGPO: the weighted hierarchical step advantage is the final one
@@ -288,7 +322,13 @@ def compute_gigpo_advantages(
         A_S[lone] = 0.0
         A, level_ids = A_S, np.stack([codes for codes, _ in levels], axis=1)
     return _package(rewards, A_E, A_S, A, G, c.step, episode_returns, level_sizes[:, 0], (level_ids, level_sizes),
-                    graph_fields)
+                    extras)
+
+
+_EMPTY_EXTRAS = {
+    "graph": {"next_state_distances": np.zeros(0, dtype=np.int64), "anchor_reaches_success": np.zeros(0, dtype=bool)},
+    "g2po": {"state_values": np.zeros(0), "next_state_values": np.zeros(0)},
+}
 
 
 @dataclass
@@ -310,6 +350,7 @@ class _Checked:
     base_group: bool
     step_return: str
     normalize_distance: bool
+    success_reward: float
 
 
 def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, settings: EstimatorSettings,
@@ -336,7 +377,8 @@ def _validate(rewards, group_ids, trajectory_ids, anchor_states, action_valid, s
     return _Checked(r, as_valid(action_valid, n), settings.gamma, omega, settings.invalid_action_penalty,
                     settings.mode, settings.episode_stats, settings.similarity_threshold, settings.step_grouping,
                     settings.hierarchy_depth if hierarchical else 0, settings.hierarchy_alpha,
-                    settings.hierarchy_base_group, settings.step_return, settings.graph_normalize_distance)
+                    settings.hierarchy_base_group, settings.step_return, settings.graph_normalize_distance,
+                    settings.g2po_success_reward)
 
 
 @dataclass
@@ -376,19 +418,23 @@ def _row_codes(group_ids, trajectory_ids, anchor_states, threshold, next_anchor_
 
 
 def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels=(None, None),
-             graph_fields=None) -> AdvantageResult:
-    """Wrap outputs as numpy float64 or torch tensors matching ``rewards``."""
-    graph_fields = graph_fields or (None, None)
+             extras=None) -> AdvantageResult:
+    """Wrap outputs as numpy float64 or torch tensors matching ``rewards`` (``extras``: one estimator's fields)."""
+    extras = dict(extras or {})
     floats = (A_E, A_S, A, G, episode_returns)
     if isinstance(rewards, torch.Tensor):
         dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
         dev = rewards.device
-        floats = tuple(torch.from_numpy(np.ascontiguousarray(f)).to(device=dev, dtype=dtype) for f in floats)
+
+        def tensor(v):
+            t = torch.from_numpy(np.ascontiguousarray(v)).to(dev)
+            return t.to(dtype) if t.is_floating_point() else t
+
+        floats = tuple(tensor(f) for f in floats)
         step_codes, sizes = (torch.from_numpy(np.asarray(v, dtype=np.int64)).to(dev) for v in (step_codes, sizes))
         levels = tuple(None if v is None else torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(dev)
                        for v in levels)
-        graph_fields = tuple(None if v is None else torch.from_numpy(np.ascontiguousarray(v)).to(dev)
-                             for v in graph_fields)
+        extras = {name: tensor(v) for name, v in extras.items()}
     else:
         step_codes, sizes = np.asarray(step_codes, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
     A_E, A_S, A, G, episode_returns = floats
@@ -402,6 +448,5 @@ def _package(rewards, A_E, A_S, A, G, step_codes, episode_returns, sizes, levels
         anchor_group_sizes=sizes,
         level_group_ids=levels[0],
         level_group_sizes=levels[1],
-        next_state_distances=graph_fields[0],
-        anchor_reaches_success=graph_fields[1],
+        **extras,
     )

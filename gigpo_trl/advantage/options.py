@@ -11,9 +11,9 @@ MODES = ("mean_norm", "mean_std_norm")
 EPISODE_STATS = ("rows", "trajectories")
 #: ``step_grouping``: GiGPO's anchor-state groups ("state") or HGPO's nested history groups ("hierarchical").
 STEP_GROUPINGS = ("state", "hierarchical")
-#: ``step_return``: GiGPO's discounted return-to-go ("discounted") or GraphGPO's return read off the task group's
-#: transition graph ("graph").
-STEP_RETURNS = ("discounted", "graph")
+#: ``step_return``: GiGPO's discounted return-to-go ("discounted"), GraphGPO's return read off the task group's
+#: transition graph ("graph") or G2PO's value of the state the action led to ("g2po").
+STEP_RETURNS = ("discounted", "graph", "g2po")
 
 #: Added to the standard deviation in ``mean_std_norm`` (as the reference does).
 STD_EPS = 1e-6

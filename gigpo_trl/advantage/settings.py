@@ -14,8 +14,26 @@ from typing import Any
 
 import numpy as np
 
+from .g2po import SUCCESS_REWARD
 from .options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .rows import as_scalar
+
+#: ``GiGPOConfig.estimator``: each estimator's recipe as settings. ``fixes``: the settings that make the estimator
+#: (another value given with it is an error); ``recipe``: its authors' values of settings left at their defaults
+#: (GraphGPO's gamma is its ALFWorld script's, 0.20 on WebShop).
+ESTIMATORS: dict[str, dict[str, dict[str, Any]]] = {
+    "gigpo": {"fixes": {"step_advantage_weight": 1.0, "step_grouping": "state", "step_return": "discounted"},
+              "recipe": {}},
+    "grpo": {"fixes": {"step_advantage_weight": 0.0, "step_grouping": "state", "step_return": "discounted"},
+             "recipe": {}},
+    "hgpo": {"fixes": {"step_advantage_weight": 1.0, "step_grouping": "hierarchical", "step_return": "discounted"},
+             "recipe": {"hierarchy_depth": 2, "hierarchy_alpha": 1.0, "hierarchy_base_group": False}},
+    "graphgpo": {"fixes": {"step_advantage_weight": 1.0, "step_grouping": "state", "step_return": "graph",
+                           "similarity_threshold": None},
+                 "recipe": {"gamma": 0.10, "mode": "mean_std_norm", "graph_normalize_distance": False}},
+    "g2po": {"fixes": {"step_advantage_weight": 1.0, "step_grouping": "state", "step_return": "g2po"},
+             "recipe": {"gamma": 0.95, "g2po_success_reward": 10.0}},
+}
 
 #: Configuration fields whose name differs from the setting they set (``GiGPOConfig`` field -> setting); every other
 #: setting has a configuration field of its own name.
@@ -42,6 +60,7 @@ class EstimatorSettings:
     hierarchy_base_group: bool = False
     step_return: str = "discounted"
     graph_normalize_distance: bool = False
+    g2po_success_reward: float = SUCCESS_REWARD
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -59,6 +78,7 @@ class EstimatorSettings:
             if not 0.0 < threshold < 1.0:
                 raise ValueError(f"similarity_threshold must be in (0, 1), got {self.similarity_threshold!r}")
             put("similarity_threshold", threshold)
+        put("g2po_success_reward", as_scalar(self.g2po_success_reward, "g2po_success_reward"))
         depth = self.hierarchy_depth
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)):
             raise TypeError(f"hierarchy_depth must be an int >= 0, got {type(depth).__name__}")
@@ -70,10 +90,10 @@ class EstimatorSettings:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
             put(name, bool(getattr(self, name)))
+        if self.step_return != "discounted" and self.step_grouping != "state":
+            raise ValueError(f"step_return={self.step_return!r} uses GiGPO's step groups: step_grouping must be "
+                             f"'state', got {self.step_grouping!r}")
         if self.step_return == "graph":
-            if self.step_grouping != "state":
-                raise ValueError(f"step_return='graph' uses GiGPO's step groups: step_grouping must be 'state', got "
-                                 f"{self.step_grouping!r}")
             if self.similarity_threshold is not None:
                 raise ValueError(f"step_return='graph' matches states exactly (its graph's nodes): "
                                  f"similarity_threshold must be None, got {self.similarity_threshold!r}")
@@ -96,9 +116,37 @@ class EstimatorSettings:
         return cls().replace(**values)
 
     @classmethod
+    def from_config(cls, config: Any) -> EstimatorSettings:
+        """The settings of a ``GiGPOConfig`` (any object with the :meth:`config_fields` attributes)."""
+        return cls(**{name: getattr(config, field) for name, field in cls.config_fields().items()})
+
+    @classmethod
     def config_fields(cls) -> dict[str, str]:
         """``{setting: GiGPOConfig field that sets it}``."""
         return {f.name: CONFIG_NAMES.get(f.name, f.name) for f in dataclasses.fields(cls)}
 
 
-__all__ = ["CONFIG_NAMES", "EstimatorSettings"]
+def estimator_fields(estimator: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The configuration fields that ``GiGPOConfig(estimator=estimator)`` sets: ``{field: value}``.
+
+    ``given``: ``{field: value}`` of the configuration's estimator fields (as :meth:`EstimatorSettings.config_fields`
+    names them). A field the estimator fixes takes its value; one left at its default (``EstimatorSettings()``'s)
+    takes the recipe's value. ``ValueError`` for an unknown ``estimator`` and for a fixed field given another value
+    than its default and the estimator's (naming both).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be None or one of {list(ESTIMATORS)}, got {estimator!r}")
+    names, defaults, out = EstimatorSettings.config_fields(), EstimatorSettings(), {}
+    for setting, value in ESTIMATORS[estimator]["fixes"].items():
+        name = names[setting]
+        if given[name] != value and given[name] != getattr(defaults, setting):
+            raise ValueError(f"estimator={estimator!r} sets {name}={value!r}, but {name}={given[name]!r} was given; "
+                             f"drop one of the two")
+        out[name] = value
+    for setting, value in ESTIMATORS[estimator]["recipe"].items():
+        if given[names[setting]] == getattr(defaults, setting):
+            out[names[setting]] = value
+    return out
+
+
+__all__ = ["CONFIG_NAMES", "ESTIMATORS", "EstimatorSettings", "estimator_fields"]

@@ -15,7 +15,7 @@ checkpoint's) and its rollout records (:mod:`gigpo_trl.records`, written with ``
   and an end node per trajectory marked success or failure. A switch above each graph recolours the same edges by
   each estimator's advantage, recomputed from the records with :func:`gigpo_trl.advantage.compute_gigpo_advantages`
   and the run's settings (GRPO: ω = 0; GiGPO; HGPO: ``step_grouping="hierarchical"``; GraphGPO:
-  ``step_return="graph"``, where the estimator has it and the records hold next anchors). Clicking an edge or a node
+  ``step_return="graph"``, where the records hold next anchors; G2PO: ``step_return="g2po"``). Clicking an edge or a node
   opens that trajectory's turn-by-turn transcript below the graph.
 
 Text from environments and from the model is data: it reaches the page only through :func:`html.escape` (in the

@@ -14,7 +14,8 @@ from ..records import read_records, record_files
 
 
 def _estimators(records: Sequence[dict] = ()) -> list[tuple[str, dict, str]]:
-    """``(label, settings changed from the run's, result field)``; the first is shown by default. GraphGPO when
+    """``(label, settings changed from the run's, result field)``; the first is shown by default. G2PO with the run's
+    ``g2po_success_reward`` (10 unless the run set it). GraphGPO when
     every record has its anchor's and next anchor's keys (``anchor_key``, ``next_anchor_key``)."""
     gigpo = {"step_grouping": "state", "step_return": "discounted", "similarity_threshold": None}  # merged already
     out = [
@@ -22,6 +23,7 @@ def _estimators(records: Sequence[dict] = ()) -> list[tuple[str, dict, str]]:
         ("GiGPO A = A_E + ω·A_S", gigpo, "advantages"),
         ("GRPO A (= A_E)", {**gigpo, "step_advantage_weight": 0.0}, "advantages"),
         ("HGPO A", {**gigpo, "step_grouping": "hierarchical", "step_advantage_weight": 1.0}, "advantages"),
+        ("G2PO A", {**gigpo, "step_return": "g2po"}, "advantages"),
     ]
     if records and all(r.get("next_anchor_key") and r.get("anchor_key") for r in records):
         out.append(("GraphGPO A", {**gigpo, "step_return": "graph"}, "advantages"))
