@@ -190,7 +190,7 @@ def test_config_fields_and_validation(tmp_path):
     args = GiGPOConfig(**common)
     assert (args.step_return, args.graph_normalize_distance) == ("discounted", False)
     assert GiGPOConfig(**common, step_return="graph", gamma=0.1).step_return == "graph"
-    with pytest.raises(ValueError, match=r"step_return must be one of \['discounted', 'graph'\], got 'graphgpo'"):
+    with pytest.raises(ValueError, match=r"step_return must be one of \['discounted', 'graph', 'g2po'\], got 'graphgpo'"):
         GiGPOConfig(**common, step_return="graphgpo")
     with pytest.raises(ValueError, match="graph_normalize_distance must be True or False, got 'yes'"):
         GiGPOConfig(**common, graph_normalize_distance="yes")
