@@ -7,15 +7,13 @@ sub-batch with the weight that makes the summed gradient equal the unsplit micro
 ``tests/test_trl_compat.py``), keeps DDP / DeepSpeed gradient synchronisation and the ranks' collectives in step,
 merges the per-sub-batch metrics, and scores the no-grad old / reference log-probs within the same budget.
 
-It also runs every forward over training rows (TRL's ``_get_per_token_logps_and_entropies``, called by the loss
-and by the scoring passes) with shared prompt prefixes when ``args.share_prompt_prefix`` is on
-(:mod:`gigpo_trl.prefix_sharing`), and then packs sub-batches counting a shared prefix once.
+When the trainer's forwards share prompt prefixes (:class:`~gigpo_trl.prefix_sharing_mixin.PrefixSharingMixin`, a
+base of this mixin), sub-batches are packed counting a shared prefix once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 
 import numpy as np
@@ -26,15 +24,15 @@ from . import trl_compat
 from .grad_accumulation import Fp32GradAccumulator
 from .microbatch import (drop_filler_rows, pack_rows, pack_rows_shared, row_lengths, scoring_sub_batches,
                          sub_batch_widths, take_rows)
-from .prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps, unsupported_reason
+from .prefix_sharing import prompts_from_batch
+from .prefix_sharing_mixin import PrefixSharingMixin
 
-logger = logging.getLogger(__name__)
 
-
-class TokenBudgetMixin:
+class TokenBudgetMixin(PrefixSharingMixin):
     """``compute_loss`` in sub-batches of at most ``args.max_tokens_per_microbatch`` padded tokens (mixed into a
     ``GRPOTrainer`` subclass, before it in the bases; ``None`` budget: TRL's loss on the rollout rows, filler rows
-    dropped)."""
+    dropped). Its base :class:`~gigpo_trl.prefix_sharing_mixin.PrefixSharingMixin` says whether forwards share
+    prompt prefixes (then a shared prefix counts once in a sub-batch's tokens)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss on one micro-batch, run as sub-batches of at most ``max_tokens_per_microbatch`` padded tokens.
@@ -259,55 +257,3 @@ class TokenBudgetMixin:
             if i < len(bins):
                 out[index, :wc] = logps
         return out
-
-    # ------------------------------------------------------------------ shared prompt prefixes
-    def _prefix_sharing_reason(self, model, training: bool) -> str | None:
-        """``None`` when forwards of ``model`` share prompt prefixes, else why not (warned once per reason):
-        ``share_prompt_prefix`` off, the model's attention (:func:`~gigpo_trl.prefix_sharing.unsupported_reason`),
-        reentrant gradient checkpointing in a training forward (its replay cannot send gradient back into a
-        prefix computed outside the checkpointed layer)."""
-        if not self.args.share_prompt_prefix:
-            return "share_prompt_prefix=False"
-        cache = vars(self).setdefault("_prefix_sharing_checked", {})
-        if id(model) not in cache:
-            cache[id(model)] = unsupported_reason(model)
-        reason = cache[id(model)]
-        if reason is None and training and self.args.gradient_checkpointing and \
-                (self.args.gradient_checkpointing_kwargs or {}).get("use_reentrant"):
-            reason = "reentrant gradient checkpointing (gradient_checkpointing_kwargs={'use_reentrant': True})"
-        if reason is not None:
-            warned = vars(self).setdefault("_prefix_sharing_warned", set())
-            if reason not in warned:
-                warned.add(reason)
-                logger.warning("share_prompt_prefix: every row is computed whole (no shared prefix): %s", reason)
-        return reason
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **kwargs):
-        """TRL's hook (see :mod:`gigpo_trl.trl_compat`): ``(logps, entropies, aux_loss)`` of the last
-        ``logits_to_keep`` columns, in chunks of ``batch_size`` rows, each chunk computed with shared prompt
-        prefixes (:func:`~gigpo_trl.prefix_sharing.shared_prefix_logps`; same values as TRL's forward up to float
-        rounding). TRL's own forward runs instead when sharing is off or unsupported (:meth:`_prefix_sharing_reason`),
-        for an MoE aux loss or multimodal inputs, and, on a single process, for a chunk where sharing would not
-        reduce the padded tokens (with several processes every chunk takes the same two forwards, so that ZeRO-3's
-        parameter gathers stay in step across ranks)."""
-        grad = torch.is_grad_enabled() and getattr(model, "training", False)
-        if (compute_aux_loss or any(v is not None for v in kwargs.values())
-                or self._prefix_sharing_reason(model, training=grad) is not None):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **kwargs)
-        batch_size = batch_size or input_ids.size(0)
-        logps, entropies = [], []
-        for start in range(0, input_ids.size(0), batch_size):
-            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-            plan = plan_prefix_groups(prompts_from_batch(ids, mask, logits_to_keep), logits_to_keep)
-            if self.accelerator.num_processes == 1 and plan.padded_tokens() >= plan.unshared_tokens():
-                lp, ent, _ = super()._get_per_token_logps_and_entropies(
-                    model, ids, mask, logits_to_keep, None, compute_entropy)
-            else:
-                lp, ent = shared_prefix_logps(model, ids, mask, logits_to_keep, plan, compute_entropy,
-                                              self.accelerator.autocast)
-            logps.append(lp)
-            entropies.append(ent)
-        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None

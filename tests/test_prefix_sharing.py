@@ -206,7 +206,7 @@ def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
 @pytest.fixture()
 def spy(monkeypatch):
     """Counts the shared-prefix forwards the trainer runs."""
-    import gigpo_trl.token_budget as tb
+    import gigpo_trl.prefix_sharing_mixin as tb
 
     calls = []
     real = tb.shared_prefix_logps
@@ -291,14 +291,14 @@ def test_loss_and_gradient_equal_unshared(trainer, tiny_tokenizer, spy, loss_typ
 
 
 def test_unsupported_model_falls_back_with_one_warning(trainer, tiny_tokenizer, spy, caplog, monkeypatch):
-    import gigpo_trl.token_budget as tb
+    import gigpo_trl.prefix_sharing_mixin as tb
 
     b = _batch(trainer, tiny_tokenizer)
     monkeypatch.setattr(tb, "unsupported_reason", lambda model: "attention implementation 'flash_attention_2'")
     trainer.__dict__.pop("_prefix_sharing_checked", None)
     trainer.__dict__.pop("_prefix_sharing_warned", None)
     try:
-        with caplog.at_level("WARNING", logger="gigpo_trl.token_budget"):
+        with caplog.at_level("WARNING", logger="gigpo_trl.prefix_sharing_mixin"):
             for _ in range(2):  # policy and reference model, twice
                 trainer._score_logps(b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"],
                                      [None] * 8, "train", real_rows=7)

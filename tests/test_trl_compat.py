@@ -176,7 +176,7 @@ def test_per_token_logps(trainer):
 
 
 def test_per_token_logps_hook():
-    """``TokenBudgetMixin._get_per_token_logps_and_entropies`` overrides TRL's forward over rows (shared prompt
+    """``PrefixSharingMixin._get_per_token_logps_and_entropies`` overrides TRL's forward over rows (shared prompt
     prefixes), which ``_compute_loss`` calls for the loss and ``_generate_and_score_completions`` for old/ref
     log-probs, with TRL's leading parameters and its ``(logps, entropies, aux_loss)`` return."""
     assert "_get_per_token_logps_and_entropies" in trl_compat.OVERRIDDEN_HOOKS
