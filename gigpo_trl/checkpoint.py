@@ -36,7 +36,7 @@ ROLLOUT_STATE_NAME = "gigpo_rollout_state_{rank}.pt"
 def check_checkpoint_world_size(checkpoint: str, world_size: int) -> None:
     """Refuse to resume from ``checkpoint`` with another number of processes than the one that saved it: each rank's
     rollout buffer (``ROLLOUT_STATE_NAME``) holds that rank's rows, so another world size would train on the wrong
-    ones. Checkpoints without rollout state files (``save_only_model``, older versions) pass.
+    ones. Checkpoints without rollout state files (saved with ``save_only_model``) pass.
 
     Raises:
         ValueError: one line naming both process counts.
