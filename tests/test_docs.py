@@ -24,11 +24,13 @@ REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"bash", "sh", "shell", "python"}
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.S | re.M)
+_QUOTED = re.compile(r"^````(\w*)\n(.*?)^````\s*$", re.S | re.M)  # a file shown whole (a model card): not run
 
 
 def blocks(page: Path) -> list[tuple[str, str]]:
-    """[(language, text)] of the page's fenced blocks."""
-    return [(m.group(1), m.group(2)) for m in _FENCE.finditer(page.read_text())]
+    """[(language, text)] of the page's fenced blocks; blocks inside a four-backtick block are part of the file it
+    shows, not blocks of the page."""
+    return [(m.group(1), m.group(2)) for m in _FENCE.finditer(_QUOTED.sub("", page.read_text()))]
 
 
 def shell_commands(text: str) -> list[str]:
@@ -104,8 +106,19 @@ def check_command(command: str) -> None:
                 assert words[3] == "download"
             elif words[1].startswith("examples/"):
                 check_job_args(words[1], words[2:])
+            elif words[1:3] == ["-m", "gigpo_trl.job"]:
+                from gigpo_trl.job.__main__ import split_env
+
+                env, rest = split_env(words[3:])
+                check_job_args(f"examples/train_{env}.py", rest)
+            elif words[1:3] == ["-m", "gigpo_trl.report"]:
+                from gigpo_trl.report.page import build_parser
+
+                build_parser().parse_args(words[3:])
             else:
                 assert (REPO / words[1]).is_file(), f"no script {words[1]}"
+        elif words == ["hf", "auth", "login"]:
+            pass  # huggingface_hub's own command
         elif head == "bash":
             assert (REPO / words[1]).is_file(), f"no script {words[1]}"
         elif words[:2] == ["pip", "install"] and re.fullmatch(r"[\w-]+==[\w.]+", words[-1]):  # a pinned package
@@ -275,3 +288,22 @@ def test_relative_links_resolve():
             if path and not (page.parent / path).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert not broken, broken
+
+
+def test_hub_page_shows_the_jobs_model_card():
+    """docs/hub.md's card is what gigpo_trl.job.model_card writes for the main job (webshop, the default model, its
+    sizes, a warm-up and three evaluations), line for line, except the settings rows it elides with `| ... |`."""
+    from gigpo_trl.job import EXAMPLE_DEFAULTS, JobArguments, build_parser, model_card
+
+    shown = _QUOTED.search((REPO / "docs" / "hub.md").read_text()).group(2).splitlines()
+    _, args, _ = build_parser({"env": "webshop"}, EXAMPLE_DEFAULTS["webshop"]).parse_args_and_config(
+        args=["--output_dir", "unused"])
+    results = {"before": {"success_rate": 0.0, "num_tasks": 30},
+               "warmup": {"episodes": 24, "rows": 97, "success_rate": 1.0, "sft_steps": 194, "train_loss": 0.41234},
+               "after_warmup": {"success_rate": 5 / 30, "num_tasks": 30},
+               "after": {"success_rate": 0.2, "num_tasks": 30}}
+    card = model_card("HuggingFaceTB/SmolLM2-135M-Instruct", JobArguments(env="webshop"), args, results).splitlines()
+    elided = shown.index(next(line for line in shown if line.startswith("| ... |")))
+    head, tail = shown[:elided], shown[elided + 1:]
+    assert card[:len(head)] == head and card[-len(tail):] == tail
+    assert all(line.startswith("| ") for line in card[len(head):-len(tail)])  # the elided rows are settings rows

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gigpo_trl.advantage import EstimatorSettings
-from gigpo_trl.job import DEBUG_ENV, EXAMPLE_DEFAULTS, build_parser, check_output_dir, main, model_card, run
+from gigpo_trl.job import DEBUG_ENV, EXAMPLE_DEFAULTS, JobArguments, build_parser, check_output_dir, main, model_card, run
 from gigpo_trl.models import CACHE_NAME, DEFAULT_MODEL_HUB_ID
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,10 +84,7 @@ def test_model_card_lists_settings_and_rates():
         num_generations, max_turns = 8, 50
         history_length, learning_rate, beta, max_steps, max_completion_length = 2, 1e-6, 0.01, 150, 512
 
-    class Job:
-        env, data_dir = "alfworld", None
-
-    card = model_card("Qwen/Qwen2.5-1.5B-Instruct", Job(), Args(),
+    card = model_card("Qwen/Qwen2.5-1.5B-Instruct", JobArguments(env="alfworld"), Args(),
                       {"before": {"success_rate": 0.125, "num_tasks": 8}, "after": {"success_rate": 0.5,
                                                                                      "num_tasks": 8}})
     assert "base_model: Qwen/Qwen2.5-1.5B-Instruct" in card and "(bundled data)" in card
@@ -95,10 +92,83 @@ def test_model_card_lists_settings_and_rates():
     assert "| step_advantage_weight | 0.0 |" in card and "| max_turns | 50 |" in card and "| mode | mean_norm |" in card
     assert "| before | 0.125 | 8 |" in card and "| after | 0.500 | 8 |" in card
     assert "library_name: peft" in card
+    assert "No expert warm-up: GiGPO trained from the base model." in card
     # full fine-tuning (the paper configs): no peft metadata, and the card says what was trained
-    full = model_card("Qwen/Qwen2.5-1.5B-Instruct", Job(), Args(), {}, lora=False)
-    assert "library_name: peft" not in full and "LoRA" not in full
+    full = model_card("Qwen/Qwen2.5-1.5B-Instruct", JobArguments(env="alfworld"), Args(), {}, lora=False)
+    assert "library_name: peft" not in full and "LoRA" not in full and "PeftModel" not in full
     assert "Full fine-tune of `Qwen/Qwen2.5-1.5B-Instruct`, trained with GiGPO" in full
+    assert ("python -m gigpo_trl.job --env alfworld --model_name_or_path THIS_REPO_OR_FOLDER --use_peft false "
+            "--eval_only true --output_dir outputs/eval-alfworld") in full
+
+
+def test_model_card_lists_evaluations_only_and_says_how_to_load():
+    """The warm-up's expert statistics are described in prose, never as an evaluation row; the evaluation rows are
+    the phases in order, each paper-protocol draw after its phase; the card says how to load and evaluate the
+    adapter, where the tasks came from, and what the warm-up did."""
+    class Args:
+        estimator_settings = EstimatorSettings()
+        num_generations, max_turns = 2, 5
+        history_length, learning_rate, beta, max_steps, max_completion_length = 0, 1e-4, 0.0, 1, 64
+
+    results = {"model": "HuggingFaceTB/SmolLM2-135M-Instruct", "env": "webshop", "adapter": None,
+               "after": {"success_rate": 0.2, "num_tasks": 30}, "before": {"success_rate": 0.0, "num_tasks": 30},
+               "warmup": {"episodes": 24, "rows": 97, "success_rate": 1.0, "sft_steps": 194, "train_loss": 0.41234,
+                          "seconds": 300.0},
+               "after_warmup": {"success_rate": 1 / 6, "num_tasks": 30},
+               "before_paper": {"success_rate": 0.25, "num_tasks": 128, "eval_round": 0}, "wall_seconds": 900.0}
+    job = JobArguments(env="webshop", data_dir="/data/webshop")
+    card = model_card("HuggingFaceTB/SmolLM2-135M-Instruct", job, Args(), results)
+    table = card[card.index("| when | success rate | tasks |"):].splitlines()
+    assert table == ["| when | success rate | tasks |", "| --- | --- | --- |", "| before | 0.000 | 30 |",
+                     "| before_paper | 0.250 | 128 |", "| after_warmup | 0.167 | 30 |", "| after | 0.200 | 30 |"]
+    assert "| warmup |" not in card
+    assert ("an expert warm-up (`gigpo_trl.warmup.expert_warmup`): 24 expert episodes on the training tasks (expert "
+            "success 1.000) gave 97 demonstration rows, trained by TRL's `SFTTrainer` on the same weights for 194 "
+            "steps (mean loss 0.4123)") in card
+    assert "tasks from the environment's official data (given with `--data_dir`)" in card
+    assert "/data/webshop" not in card  # a local path means nothing to the card's reader
+    assert ('base = AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")\n'
+            'model = PeftModel.from_pretrained(base, "THIS_REPO_OR_FOLDER")') in card
+    assert ("python -m gigpo_trl.job --env webshop --model_name_or_path HuggingFaceTB/SmolLM2-135M-Instruct "
+            "--eval_only true --adapter_path THIS_REPO_OR_FOLDER --output_dir outputs/eval-webshop") in card
+    # a local base model of unknown origin: the commands ask for its path
+    local = model_card(None, JobArguments(env="frozenlake", protocol="verl-agent"), Args(), results, local_name="m")
+    assert "--model_name_or_path PATH/TO/BASE_MODEL --eval_only true" in local
+    assert "Environment `frozenlake`, environment protocol `verl-agent`, tasks from the data bundled" in local
+
+
+def test_eval_only_evaluates_a_saved_adapter_from_a_folder(tmp_path, tiny_model_dir, monkeypatch):
+    """``--eval_only true --adapter_path DIR``: the adapter saved in DIR is loaded onto the base model (its LoRA
+    weights, not fresh ones), evaluated once as ``"eval"``, and only the evaluation JSON is written."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    import gigpo_trl.job.runner as runner
+
+    adapter = tmp_path / "adapter"
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)  # B != 0: not a no-op
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora).save_pretrained(adapter)
+    saved = load_file(adapter / "adapter_model.safetensors")
+    built = []
+    real_build = runner.build_trainer
+    monkeypatch.setattr(runner, "build_trainer", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+
+    out = tmp_path / "eval"
+    job, args, model_args = build_parser({"env": "frozenlake"}).parse_args_and_config(args=_job_args(
+        tiny_model_dir, out, "--eval_only", "true", "--adapter_path", str(adapter)))
+    assert run(job, args, model_args) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["adapter"] == str(adapter) and set(results) == {"model", "env", "adapter", "eval", "wall_seconds"}
+    assert results["eval"]["num_tasks"] == 3
+    assert sorted(p.name for p in out.iterdir()) == ["eval_results.json"]  # no card, no adapter copy
+    trainer, peft_config = built[0]
+    assert peft_config is None and isinstance(trainer.model, PeftModel)
+    name = next(k for k in saved if "lora_B" in k)
+    loaded = dict(trainer.model.named_parameters())[name.replace(".lora_B.weight", ".lora_B.default.weight")]
+    assert saved[name].abs().sum() > 0 and torch.equal(loaded.detach().cpu(), saved[name])
 
 
 def test_trainer_cards_name_the_default_models_hub_id(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..envs.registry import PROTOCOLS
+from ..report.data import PHASES
 from .arguments import JobArguments
 
 
@@ -34,9 +36,32 @@ def check_output_dir(job: JobArguments, args) -> None:
         )
 
 
+def _evaluation_rows(results: dict) -> list[str]:
+    """The card's evaluation rows: the job's evaluation phases in order (each with its paper-protocol draw, where the
+    environment has one); the warm-up's expert statistics are not an evaluation and stay out."""
+    rows = []
+    for phase in (p for key in PHASES for p in (key, f"{key}_paper")):
+        metrics = results.get(phase)
+        if isinstance(metrics, dict) and "success_rate" in metrics:
+            rows.append(f"| {phase} | {metrics['success_rate']:.3f} | {int(metrics.get('num_tasks', 0))} |")
+    return rows
+
+
+def _warmup_text(results: dict) -> str:
+    stats = results.get("warmup")
+    if not isinstance(stats, dict):
+        return "No expert warm-up: GiGPO trained from the base model."
+    return (f"Before GiGPO, an expert warm-up (`gigpo_trl.warmup.expert_warmup`): {stats.get('episodes', 0)} expert "
+            f"episodes on the training tasks (expert success {stats.get('success_rate', 0.0):.3f}) gave "
+            f"{stats.get('rows', 0)} demonstration rows, trained by TRL's `SFTTrainer` on the same weights for "
+            f"{stats.get('sft_steps', 0)} steps (mean loss {stats.get('train_loss', float('nan')):.4f}). The "
+            "`after_warmup` row below is the policy after the warm-up, before GiGPO.")
+
+
 def model_card(base_model: str | None, job: JobArguments, args, results: dict, local_name: str | None = None,
                lora: bool = True) -> str:
-    """Markdown model card: base model, environment, GiGPO settings and measured success rates.
+    """Markdown model card: base model, how to load and evaluate the weights, the environment and its data, the
+    warm-up, GiGPO settings and the evaluations' success rates (the keys of ``eval_results.json``).
 
     ``base_model`` is a Hub id (see :func:`gigpo_trl.models.hub_model_id`) or None for a local model of unknown
     origin, which the card then names by ``local_name`` in its text only (a ``base_model`` entry must be a Hub id).
@@ -48,19 +73,38 @@ def model_card(base_model: str | None, job: JobArguments, args, results: dict, l
         "max_completion_length")}}
     base_line = [f"base_model: {base_model}"] if base_model else []
     base_text = f"`{base_model}`" if base_model else f"a local model (`{local_name or 'unknown'}`)"
+    base_arg = base_model or "PATH/TO/BASE_MODEL"
+    data = (f"the environment's official data (given with `--data_dir`)" if job.data_dir
+            else "the data bundled with `gigpo_trl` (no download)")
+    protocol = "" if job.protocol == PROTOCOLS[0] else f", environment protocol `{job.protocol}`"
+    if lora:
+        load = ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
+                f'base = AutoModelForCausalLM.from_pretrained("{base_arg}")',
+                'model = PeftModel.from_pretrained(base, "THIS_REPO_OR_FOLDER")', "```"]
+    else:
+        load = ["```python", "from transformers import AutoModelForCausalLM", "",
+                'model = AutoModelForCausalLM.from_pretrained("THIS_REPO_OR_FOLDER")', "```"]
+    evaluate = (f"python -m gigpo_trl.job --env {job.env} --model_name_or_path {base_arg} --eval_only true "
+                f"--adapter_path THIS_REPO_OR_FOLDER --output_dir outputs/eval-{job.env}" if lora else
+                f"python -m gigpo_trl.job --env {job.env} --model_name_or_path THIS_REPO_OR_FOLDER --use_peft false "
+                f"--eval_only true --output_dir outputs/eval-{job.env}")
     lines = [
         "---", *(["library_name: peft"] if lora else []), *base_line,
         "tags: [gigpo, trl, reinforcement-learning, agent]",
         "---", "", f"# GiGPO agent for {job.env}", "",
         f"{kind} {base_text}, trained with GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978) "
         f"using `gigpo_trl` on the `{job.env}` environment ({'official data' if job.data_dir else 'bundled data'}).",
-        "", "## GiGPO settings", "", "| setting | value |", "| --- | --- |",
-        *[f"| {k} | {v} |" for k, v in settings.items()], "", "## Evaluation (success rate, greedy)", "",
-        "| when | success rate | tasks |", "| --- | --- | --- |",
+        "", "## How to use", "", *load, "",
+        f"Evaluate it on the `{job.env}` environment's eval split (with `gigpo_trl` installed; the results go "
+        "to `eval_results.json` in `--output_dir`):", "", "```bash", evaluate, "```", "",
+        "## Training", "",
+        f"Environment `{job.env}`{protocol}, tasks from {data}. {_warmup_text(results)}", "",
+        "## GiGPO settings", "", "| setting | value |", "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in settings.items()], "",
+        "## Evaluation (success rate on the eval split)", "",
+        "Each row is one evaluation of the run, named as in its `eval_results.json`.", "",
+        "| when | success rate | tasks |", "| --- | --- | --- |", *_evaluation_rows(results),
     ]
-    for when, metrics in results.items():
-        if isinstance(metrics, dict) and "success_rate" in metrics:
-            lines.append(f"| {when} | {metrics['success_rate']:.3f} | {int(metrics.get('num_tasks', 0))} |")
     return "\n".join(lines) + "\n"
 
 

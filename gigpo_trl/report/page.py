@@ -162,9 +162,8 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, iteratio
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gigpo_trl.report RUN_DIR [--iterations N ...] [-o FILE] [--max-groups K]``: prints the page's
-    path; exit 2 with one ``[gigpo] error`` line when the run has nothing to report."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m gigpo_trl.report`` (see :func:`main`)."""
     parser = argparse.ArgumentParser(
         prog="python -m gigpo_trl.report",
         description="A run's report: one self-contained HTML page with the training curves and each task group's "
@@ -174,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, nargs="+", default=None,
                         help="recorded iterations to draw (default: the first and the last)")
     parser.add_argument("--max-groups", type=int, default=16, help="task groups drawn per iteration (default 16)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gigpo_trl.report RUN_DIR [--iterations N ...] [-o FILE] [--max-groups K]``: prints the page's
+    path; exit 2 with one ``[gigpo] error`` line when the run has nothing to report."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         path = build_report(args.run_dir, args.output, args.iterations, args.max_groups)
