@@ -19,6 +19,7 @@ Cases:
 * GraphGPO (``step_return="graph"``, the authors' recipe, both distance
   forms) on the same 35,200 rows, its next anchors the next row's anchor
   (the final observation's for a trajectory's last row);
+* G2PO (``step_return="g2po"``, the authors' trainer) on the same 35,200 rows;
 * the reference implementation's algorithm (:func:`reference_gigpo`) on the
   6,400 and 35,200 rows: the speed-up of ours over it.
 
@@ -298,11 +299,13 @@ def main(argv=None) -> int:
     graph = dict(hier, mode=args.mode, step_return="graph", next_anchor_states=next_anchors(hier), gamma=0.1)
     cases["graph"] = graph
     cases["graph, normalized"] = dict(graph, graph_normalize_distance=True)
+    cases["g2po"] = dict(hier, mode=args.mode, step_return="g2po")
     times = time_interleaved(cases, args.repeats)
     t_state = times["state"]
     figures["hierarchy_rows"] = n_hier
     figures["hgpo_vs_gigpo"] = {f"K={d}": round(times[d] / t_state, 2) for d in (0, 1, 2, 4)}
     figures["graphgpo_vs_gigpo"] = round(times["graph"] / t_state, 2)
+    figures["g2po_vs_gigpo"] = round(times["g2po"] / t_state, 2)
     print(f"HGPO (recipe), {n_hier} rows, CPU time: GiGPO (step_grouping='state') {t_state * 1e3:8.2f} ms/call")
     for depth in (0, 1, 2, 4, "2+base"):
         kwargs, t_k = cases[depth], times[depth]
@@ -317,6 +320,7 @@ def main(argv=None) -> int:
         reach = np.asarray(res.anchor_reaches_success).mean()
         print(f"GraphGPO (recipe, {name}): {t_g * 1e3:8.2f} ms/call = {t_g / t_state:5.2f}x GiGPO"
               f"   rows whose anchor reaches success: {reach:.2f}, largest distance {res.next_state_distances.max()}")
+    print(f"G2PO (recipe): {times['g2po'] * 1e3:8.2f} ms/call = {times['g2po'] / t_state:5.2f}x GiGPO")
 
     sim = make_similarity_case()
     lengths = [len(s) for s in sim["anchor_states"]]
