@@ -179,7 +179,7 @@ INDEX = [
      lambda: (f"Hanoi: success {_fig('doc_example')['hanoi']['success_before']:.1f} → "
               f"{_fig('doc_example')['hanoi']['success_after']:.1f} in {_fig('doc_example')['hanoi']['seconds']} s"),
      "[results](results/doc_example.json)"),
-    ("bench_advantage.py", "the estimator alone: speed against the reference's algorithm, HGPO and GraphGPO cost",
+    ("bench_advantage.py", "the estimator alone: speed against the reference's algorithm, HGPO, GraphGPO and G2PO cost",
      "python benchmarks/bench_advantage.py", advantage_row, "[results](results/bench_advantage.json)"),
     ("bench_rollout.py", "the collector's rollout against its bare generate calls", "python benchmarks/bench_rollout.py",
      lambda: f"{rollout_row()} (target ≤ {_fig('bench_rollout')['target_ratio_max']}×)", "[results](results/bench_rollout.json)"),
