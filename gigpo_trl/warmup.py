@@ -32,10 +32,12 @@ import logging
 import math
 import random
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import trl_compat
+from .envs.base import EpisodeFault, env_name
 from .rollout import RolloutCollector, StepRow
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ EXPERT_COMPLETION = "<think>{thought}</think><action>{action}</action>"
 #: ``info`` keys under which a wrapped environment reports its expert's next action and thought (warm-up only).
 EXPERT_INFO_KEY = "expert_action"
 EXPERT_THOUGHT_KEY = "expert_thought"
+#: The largest fraction of expert episodes that may fail before the warm-up stops (more than half: the expert or the
+#: environment is broken, and the demonstrations would cover the tasks it happens to handle).
+MAX_FAILED_FRACTION = 0.5
 # An admissible entry that is a template, not an action (WebShop's "search[<your query>]"): never a random action.
 _PLACEHOLDER = re.compile(r"<[^<>\s][^<>]*>")
 
@@ -86,10 +91,12 @@ def check_expert(envs: Any) -> None:
 class _ExpertEnv:
     """An environment whose ``reset``/``step`` infos also carry its expert's next action (``EXPERT_INFO_KEY``),
     computed where the environment lives (in-process or in an EnvPool worker). Every other attribute is the
-    wrapped environment's, so prompts, parsing and anchors are unchanged."""
+    wrapped environment's, so prompts, parsing and anchors are unchanged. An expert that raises fails the episode
+    with an :class:`~gigpo_trl.envs.base.EpisodeFault` naming the expert (class, turn, exception), never the reset."""
 
     def __init__(self, env: Any):
         self.env = env
+        self._turn = 0
 
     def __getattr__(self, name: str) -> Any:
         if name == "env":  # during unpickling, before __dict__ is filled
@@ -99,16 +106,24 @@ class _ExpertEnv:
     def _with_expert(self, info: dict, done: bool) -> dict:
         info = dict(info)
         if not done:
-            action = info[EXPERT_INFO_KEY] = self.env.expert_action()
-            thought = getattr(self.env, "expert_thought", None)  # computed from the action, not a second expert call
-            info[EXPERT_THOUGHT_KEY] = thought(action) if callable(thought) else ""
+            method = "expert_action"
+            try:
+                action = info[EXPERT_INFO_KEY] = self.env.expert_action()
+                method = "expert_thought"  # computed from the action, not a second expert call
+                thought = getattr(self.env, "expert_thought", None)
+                info[EXPERT_THOUGHT_KEY] = thought(action) if callable(thought) else ""
+            except Exception as exc:  # noqa: BLE001 - the expert's fault, reported as such
+                raise EpisodeFault(f"the expert failed: {env_name(self.env)}.{method}() raised {type(exc).__name__}: "
+                                   f"{exc} at turn {self._turn}") from exc
         return info
 
     def reset(self, task: Any, seed: Any = None):
+        self._turn = 0
         obs, info = self.env.reset(task, seed)
         return obs, (self._with_expert(info, False) if isinstance(info, dict) else info)
 
     def step(self, action: Any):
+        self._turn += 1
         out = self.env.step(action)
         if isinstance(out, tuple) and len(out) == 4 and isinstance(out[3], dict):
             obs, reward, done, info = out
@@ -198,7 +213,8 @@ def _collector_for(trainer, perturb_rate: float, seed: int) -> _ExpertCollector:
 
 
 def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, seed: int = 0, tasks=None,
-                           chunk_size: int = 16, only_won: bool = False, progress: bool = True):
+                           chunk_size: int = 16, only_won: bool = False, progress: bool = True,
+                           max_failed_fraction: float = MAX_FAILED_FRACTION):
     """Roll the expert through ``episodes`` training tasks with the trainer's collector machinery.
 
     Args:
@@ -210,17 +226,24 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         chunk_size: episodes collected together (one collector call).
         only_won: keep only the demonstrations of episodes that ended in success.
         progress: a tqdm bar over episodes.
+        max_failed_fraction: the largest fraction of episodes that may fail (the expert raised, the environment
+            raised, hung or died; they give no demonstration) before the warm-up stops; fewer failures give one
+            warning with their count.
 
     Returns:
         ``(dataset, stats)``: ``dataset`` is a ``datasets.Dataset`` of demonstration rows with columns ``prompt``
         (the chat messages), ``completion`` (one assistant message), ``input_ids`` (prompt + completion token ids, the
         collector's), ``completion_mask`` (1 on completion tokens), ``task``, ``turn``; ``stats`` holds
         ``episodes``, ``rows``, ``success_rate`` (of the expert episodes), ``perturbed_turns``,
-        ``dropped_invalid`` (expert turns the environment or the parser rejected, left out), ``max_tokens``.
+        ``dropped_invalid`` (expert turns the environment or the parser rejected, left out), ``failed_episodes``,
+        ``max_tokens``.
 
     Raises:
         TypeError: an environment has no ``expert_action()`` (see :func:`check_expert`).
-        ValueError: ``episodes`` < 1, ``perturb_rate`` outside [0, 1), or no demonstration row was collected.
+        ValueError: ``episodes`` < 1, ``perturb_rate`` outside [0, 1), ``max_failed_fraction`` outside [0, 1], or no
+            demonstration row was collected.
+        RuntimeError: every episode failed, or more than ``max_failed_fraction`` of them; the message counts them
+            and names the first one's cause (an expert that raised is named as the expert: class, turn, exception).
     """
     import datasets
 
@@ -228,6 +251,8 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     if not 0.0 <= perturb_rate < 1.0:
         raise ValueError(f"perturb_rate must be in [0, 1), got {perturb_rate}")
+    if not 0.0 <= max_failed_fraction <= 1.0:
+        raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
     check_expert(trainer.collector._templates if hasattr(trainer.collector, "_templates") else trainer._probe_env)
     tasks = trainer.train_dataset if tasks is None else tasks
     rows_in = [dict(tasks[i % len(tasks)]) for i in range(episodes)]
@@ -239,6 +264,7 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         bar = tqdm(total=episodes, desc="warm-up: expert episodes")
     kept: list[StepRow] = []
     won = perturbed = invalid = 0
+    failures: list[str] = []
     try:
         for start in range(0, episodes, chunk_size):
             chunk = rows_in[start:start + chunk_size]
@@ -246,6 +272,7 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
                                       trajectory_prefix="warmup")
             wins = {r.trajectory_id for r in batch.trajectories if r.won}
             won += len(wins)
+            failures += [r.error for r in batch.trajectories if r.failed]
             for row in batch.rows:
                 if not collector.demonstration.get((row.trajectory_id, row.turn), False):
                     perturbed += 1
@@ -259,6 +286,7 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         if bar is not None:
             bar.close()
         collector.close()
+    _check_failures(failures, episodes, max_failed_fraction)
     if not kept:
         raise ValueError(f"the expert warm-up collected no demonstration row from {episodes} episodes "
                          f"({invalid} expert turns were invalid, {perturbed} perturbed)")
@@ -276,15 +304,26 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         logger.warning("the longest expert completion has %d tokens, more than max_completion_length=%d: the policy "
                        "cannot write it in full; raise max_completion_length", max_completion, limit)
     stats = {"episodes": episodes, "rows": len(kept), "success_rate": won / episodes, "perturbed_turns": perturbed,
-             "dropped_invalid": invalid, "max_tokens": max(len(ids) for ids in dataset["input_ids"]),
+             "dropped_invalid": invalid, "failed_episodes": len(failures), "max_tokens": max(len(ids) for ids in dataset["input_ids"]),
              "max_completion_tokens": max_completion}
     return dataset, stats
+
+
+def _check_failures(failures: list[str], episodes: int, max_failed_fraction: float) -> None:
+    """Stop when every episode or more than ``max_failed_fraction`` of them failed; warn once when some did."""
+    if not failures:
+        return
+    counted = f"{len(failures)} of {episodes} expert warm-up episodes failed"
+    if len(failures) == episodes or len(failures) > max_failed_fraction * episodes:
+        raise RuntimeError(f"{counted} (more than max_failed_fraction={max_failed_fraction}); the first: "
+                           f"{failures[0]}")
+    warnings.warn(f"{counted} and give no demonstration; the first: {failures[0]}", UserWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------------------------- training
 def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rate: float = 5e-4,
                   perturb_rate: float = 0.1, batch_size: int = 1, seed: int | None = None, tasks=None,
-                  only_won: bool = False) -> dict:
+                  only_won: bool = False, max_failed_fraction: float = MAX_FAILED_FRACTION) -> dict:
     """Warm-start ``trainer.model`` by behaviour cloning: expert demonstrations → ``trl.SFTTrainer``.
 
     Call it after building the :class:`~gigpo_trl.trainer.GiGPOTrainer` and before ``train()``:
@@ -302,14 +341,15 @@ def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rat
             than rows per step; a row costs the same either way); micro-batches hold as many rows as fit
             ``args.max_tokens_per_microbatch`` padded tokens (at least one), the rest is gradient accumulation.
         seed: seed of the perturbation draws and of SFT; default ``trainer.args.seed``.
-        tasks / only_won: see :func:`collect_demonstrations`.
+        tasks / only_won / max_failed_fraction: see :func:`collect_demonstrations`.
 
     Returns:
         the demonstration statistics of :func:`collect_demonstrations` plus ``train_loss`` (mean SFT loss),
         ``sft_steps`` and ``seconds``.
 
     Raises:
-        TypeError: an environment has no ``expert_action()``; ValueError: bad sizes (see above).
+        TypeError: an environment has no ``expert_action()``; ValueError: bad sizes (see above); RuntimeError: too
+            many expert episodes failed (see :func:`collect_demonstrations`).
     """
     import time
 
@@ -321,7 +361,8 @@ def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rat
     started = time.perf_counter()
     show = trainer.accelerator.is_main_process and not args.disable_tqdm
     dataset, stats = collect_demonstrations(trainer, episodes, perturb_rate=perturb_rate, seed=seed, tasks=tasks,
-                                            only_won=only_won, progress=show)
+                                            only_won=only_won, progress=show,
+                                            max_failed_fraction=max_failed_fraction)
     model = trainer.model
     was_training = model.training
     sft = build_sft_trainer(trainer, dataset, stats, epochs=epochs, learning_rate=learning_rate,

@@ -182,3 +182,53 @@ def test_job_reports_three_phases(tmp_path, tiny_model_dir, capsys):
     assert table[2].startswith("[gigpo] after warm-up") and table[3].startswith("[gigpo] after GiGPO")
     assert "| after_warmup |" in (out / "README.md").read_text()
 
+
+
+def lost_expert_trainer(tmp_path, tokenizer, model_dir, **overrides):
+    from toy_env import LostExpertEnv
+
+    kwargs = dict(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=2, max_steps=1,
+                  max_turns=6, max_completion_length=16, bf16=False, report_to="none", save_strategy="no",
+                  use_cpu=True, seed=0, disable_tqdm=True, **overrides)
+    return GiGPOTrainer(model_dir, env=LostExpertEnv, args=GiGPOConfig(**kwargs), processing_class=tokenizer)
+
+
+def test_expert_faults_are_the_experts_counted_and_stop_past_the_threshold(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """An expert_action() that raises fails its episode with the expert named (class, turn, exception), never as a
+    reset failure; the statistics count the failed episodes; one of four gives one warning with the count; more than
+    half (max_failed_fraction) stops with the first failure's cause, in process and in env workers alike."""
+    import datasets
+
+    trainer = lost_expert_trainer(tmp_path, tiny_tokenizer, tiny_model_dir)
+    tasks = datasets.Dataset.from_dict({"task": [1, 3, 2, 4], "seed": [0, 0, 0, 0]})
+    lost = ("slot 2, task 2: the expert failed: LostExpertEnv.expert_action() raised KeyError: 'expert lost its map' "
+            "at turn 1")
+    with pytest.warns(UserWarning) as caught:
+        data, stats = collect_demonstrations(trainer, 4, tasks=tasks, progress=False)
+    messages = [str(w.message) for w in caught if "expert warm-up" in str(w.message)]
+    assert messages == [f"1 of 4 expert warm-up episodes failed and give no demonstration; the first: {lost}"]
+    assert stats["failed_episodes"] == 1 and stats["episodes"] == 4 and stats["success_rate"] == 0.75
+    assert stats["rows"] == len(data) == 1 + 3 + 4  # task 2's turn 0 row is dropped with its episode
+    assert sorted(set(data["turn"])) == [0, 1, 2, 3]
+
+    at_reset = datasets.Dataset.from_dict({"task": [5, 1, 5, 5], "seed": [0, 0, 0, 0]})
+    with pytest.raises(RuntimeError) as raised:
+        collect_demonstrations(trainer, 4, tasks=at_reset, progress=False)
+    assert str(raised.value) == (
+        "3 of 4 expert warm-up episodes failed (more than max_failed_fraction=0.5); the first: slot 0, task 5: the "
+        "expert failed: LostExpertEnv.expert_action() raised KeyError: 'expert lost its map' at turn 0")
+    assert "reset raised" not in str(raised.value)
+    # the threshold is a choice: all four may fail only with 1.0, and then still stop (nothing to learn from)
+    with pytest.warns(UserWarning, match=r"^3 of 4 expert warm-up episodes failed and give no demonstration"):
+        assert collect_demonstrations(trainer, 4, tasks=at_reset, progress=False,
+                                      max_failed_fraction=0.75)[1]["failed_episodes"] == 3
+    with pytest.raises(RuntimeError, match=r"^4 of 4 expert warm-up episodes failed .*at turn 1$"):
+        collect_demonstrations(trainer, 4, tasks=tasks.select([2, 2, 2, 2]), progress=False, max_failed_fraction=1.0)
+
+    workers = lost_expert_trainer(tmp_path, tiny_tokenizer, tiny_model_dir, num_env_workers=2, env_step_timeout=30.0)
+    with pytest.raises(RuntimeError) as raised:
+        collect_demonstrations(workers, 4, tasks=at_reset, progress=False)
+    assert str(raised.value).endswith("the first: slot 0, task 5: the expert failed: LostExpertEnv.expert_action() "
+                                      "raised KeyError: 'expert lost its map' at turn 0")
+    trainer.collector.close()
+    workers.collector.close()

@@ -147,3 +147,21 @@ class SiteFaultEnv(FixedLengthEnv):
         if action == "site":
             info = {**info, "error": SiteError("shop", "closed")}
         return obs, reward, done, info
+
+
+class LostExpertEnv(FixedLengthEnv):
+    """FixedLengthEnv with an expert (always "wait") that loses its map: on task 2 at turn 1 and on task 5 at turn 0,
+    its ``expert_action()`` raises KeyError while the environment itself is fine."""
+
+    def reset(self, task, seed=None):
+        self.turn, self.task_length = 0, int(task)
+        return super().reset(task, seed)
+
+    def step(self, action):
+        self.turn += 1
+        return super().step(action)
+
+    def expert_action(self):
+        if (self.task_length, self.turn) in ((2, 1), (5, 0)):
+            raise KeyError("expert lost its map")
+        return "wait"

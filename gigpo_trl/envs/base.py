@@ -230,6 +230,21 @@ def episode_success(info: dict, last_reward: float, threshold: float) -> bool:
     return verdict if verdict is not None else float(last_reward) >= threshold
 
 
+def env_name(env: Any) -> str:
+    """The class name of the environment a user wrote: ``env.unwrapped``'s (Gymnasium's convention, which the TRL /
+    OpenEnv adapters and the warm-up's expert wrapper follow), else ``env``'s own."""
+    try:
+        return type(env.unwrapped).__name__
+    except Exception:  # noqa: BLE001 - no such attribute, or an adapter whose env cannot be built
+        return type(env).__name__
+
+
+class EpisodeFault(Exception):
+    """Raised from ``reset`` or ``step`` (by an environment, or a wrapper around one) to end the episode as failed
+    with exactly this message, where ``"reset raised <type>: ..."`` would blame the wrong party: the warm-up's expert
+    wrapper raises it when ``expert_action()`` fails."""
+
+
 def env_anchor(env: Any, observation: Any) -> Hashable:
     """``env.anchor_state(observation)`` if the env defines it, else the observation."""
     hook = getattr(env, "anchor_state", None)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import env_anchor
+from ..base import EpisodeFault, env_anchor, env_name
 from ..checker import check_anchor, validate_reward
 
 STARTUP_TIMEOUT = 300.0  # seconds a new worker may take to import modules and unpickle the factory
@@ -88,7 +88,7 @@ class SlotRunner:
             out = env.reset(task, seed)
         except Exception as exc:  # noqa: BLE001 - any env failure becomes an error result
             self._discard(slot)
-            return error_result(f"{where}: reset raised {type(exc).__name__}: {exc}")
+            return error_result(f"{where}: {_raised('reset', exc)}")
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
             self._discard(slot)
             return error_result(f"{where}: reset must return (observation, info: dict), got {out!r:.200}")
@@ -109,7 +109,7 @@ class SlotRunner:
             out = env.step(action)
         except Exception as exc:  # noqa: BLE001
             self._discard(slot)
-            return error_result(f"{where}: step({action!r:.100}) raised {type(exc).__name__}: {exc}")
+            return error_result(f"{where}: {_raised(f'step({action!r:.100})', exc)}")
         if not (isinstance(out, tuple) and len(out) == 4 and isinstance(out[3], dict)):
             self.active.discard(slot)
             return error_result(
@@ -151,13 +151,9 @@ def _anchor_of(env: Any, obs: Any, method: str) -> tuple[Hashable, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def env_name(env: Any) -> str:
-    """The class name of the environment a user wrote: ``env.unwrapped``'s (Gymnasium's convention, which the TRL /
-    OpenEnv adapters and the warm-up's expert wrapper follow), else ``env``'s own."""
-    try:
-        return type(env.unwrapped).__name__
-    except Exception:  # noqa: BLE001 - no such attribute, or an adapter whose env cannot be built
-        return type(env).__name__
+def _raised(call: str, exc: Exception) -> str:
+    """Why an env call failed: ``"<call> raised <type>: <text>"``, or an :class:`EpisodeFault`'s own message."""
+    return str(exc) if isinstance(exc, EpisodeFault) else f"{call} raised {type(exc).__name__}: {exc}"
 
 
 def encode_results(runner: SlotRunner, results: list[tuple[int, EnvResult]]) -> list[tuple[int, str, bytes]]:
