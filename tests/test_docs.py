@@ -161,6 +161,11 @@ def test_docs_python_blocks_run(page, tiny_model_dir, tmp_path, monkeypatch):
             exec(compile(text, f"{page.name} block", "exec"), namespace)
     if page.name == "README.md":  # the notebook snippet trained and saved an adapter
         assert (tmp_path / "outputs" / "gigpo-webshop-notebook" / "adapter_config.json").is_file()
+    if page.name == "report.md":  # the records and the log history became one page with both iterations' graphs
+        html = (tmp_path / "outputs" / "report-demo" / "report.html").read_text()
+        assert '<h2 id="iteration-1">Iteration 1</h2>' in html and "GiGPO A_S (step)" in html
+    if page.name == "hub.md":  # the adapter saved by the first block was evaluated on its 4 tasks
+        assert namespace["metrics"]["eval_num_tasks"] == 4
 
 
 def test_configuration_page_is_generated():
