@@ -299,3 +299,26 @@ def test_nonfinite_reward_is_named_as_the_reward():
         nonfinite_rows(keys, result, drop=False)
     assert nonfinite_rows(keys, result, drop=True).tolist() == [False, True, False, True]  # all of trajectory a
     assert nonfinite_rows(clean, result, drop=False) is None
+
+
+def test_unsendable_env_reply_fails_its_trajectory_and_training_goes_on(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """With env workers, trajectory 1's step returns an info holding an exception the trainer cannot unpickle: that
+    trajectory fails with the env class, slot, task and pickling error named; the other seven train."""
+    from toy_env import SiteFaultEnv
+
+    args = make_args(tmp_path, num_env_workers=2, env_step_timeout=30.0)
+    trainer = GiGPOTrainer(tiny_model_dir, env=SiteFaultEnv, args=args, processing_class=tiny_tokenizer)
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {1: "<action>site</action>"}})
+    seen = capture(trainer)
+    trainer.model.train()
+    trainer._generate_and_score_completions(TASKS_3)
+    check_healthy_group_statistics(seen[0], failed={1})
+    assert seen[0]["batch"].trajectories[1].error.startswith(
+        "slot 1, task 3: SiteFaultEnv returned a value the worker cannot send to the trainer (info['error']: "
+        "TypeError: SiteError.__init__() missing 1 required positional argument: 'detail')")
+    assert trainer._metrics["train"]["episode/failed_rate"][-1] == pytest.approx(1 / 8)
+    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {})  # the pool answers the next rollout in step
+    trainer._generate_and_score_completions(TASKS_3)
+    assert not any(t.failed for t in seen[1]["batch"].trajectories)
+    assert [t.num_turns for t in seen[1]["batch"].trajectories] == [3] * 8
+    trainer.collector.close()
