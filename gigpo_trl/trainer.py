@@ -88,7 +88,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         eval_dataset (`datasets.Dataset`, *optional*): tasks for :meth:`evaluate`. Default: ``tasks("eval")``.
         processing_class (`PreTrainedTokenizerBase`, *optional*): tokenizer with a chat template.
         peft_config (`peft.PeftConfig`, *optional*): LoRA etc., handled by TRL.
-        callbacks, optimizers: as for `transformers.Trainer`.
+        callbacks (`list[TrainerCallback]`, *optional*): as for `transformers.Trainer`.
+        optimizers (`tuple`, *optional*): as for `transformers.Trainer`.
 
     Raises:
         ValueError: bad ``env``, a dataset without a ``task`` column or with fewer tasks than one generation batch

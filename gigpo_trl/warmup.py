@@ -341,7 +341,9 @@ def expert_warmup(trainer, episodes: int = 64, epochs: float = 2.0, learning_rat
             than rows per step; a row costs the same either way); micro-batches hold as many rows as fit
             ``args.max_tokens_per_microbatch`` padded tokens (at least one), the rest is gradient accumulation.
         seed: seed of the perturbation draws and of SFT; default ``trainer.args.seed``.
-        tasks / only_won / max_failed_fraction: see :func:`collect_demonstrations`.
+        tasks: see :func:`collect_demonstrations`.
+        only_won: see :func:`collect_demonstrations`.
+        max_failed_fraction: see :func:`collect_demonstrations`.
 
     Returns:
         the demonstration statistics of :func:`collect_demonstrations` plus ``train_loss`` (mean SFT loss),

@@ -117,6 +117,8 @@ def check_command(command: str) -> None:
                 build_parser().parse_args(words[3:])
             else:
                 assert (REPO / words[1]).is_file(), f"no script {words[1]}"
+        elif words[:2] == ["mkdocs", "build"]:
+            assert (REPO / "mkdocs.yml").is_file() and set(words[2:]) <= {"--strict"}, command
         elif words == ["hf", "auth", "login"]:
             pass  # huggingface_hub's own command
         elif head == "bash":
@@ -312,3 +314,25 @@ def test_hub_page_shows_the_jobs_model_card():
     head, tail = shown[:elided], shown[elided + 1:]
     assert card[:len(head)] == head and card[-len(tail):] == tail
     assert all(line.startswith("| ") for line in card[len(head):-len(tail)])  # the elided rows are settings rows
+
+
+def test_docs_site_lists_every_page():
+    """mkdocs.yml's nav holds README (as index.md, added by scripts/mkdocs_hooks.py) and every docs page, each once;
+    the API page names the public API. (`mkdocs build --strict` in .ci/run checks the links, anchors and docstrings.)"""
+    import yaml
+
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+
+    def pages(nav):
+        for item in nav:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            yield from (pages(value) if isinstance(value, list) else [value])
+
+    listed = list(pages(config["nav"]))
+    assert sorted(listed) == sorted(["index.md", *(p.name for p in (REPO / "docs").glob("*.md"))])
+    assert config["strict"] is True and config["validation"]["anchors"] == "warn"
+    api = (REPO / "docs" / "api.md").read_text()
+    for name in ("gigpo_trl.trainer.GiGPOTrainer", "gigpo_trl.config.GiGPOConfig", "gigpo_trl.envs.base",
+                 "gigpo_trl.advantage.estimator.compute_gigpo_advantages", "gigpo_trl.advantage.settings.EstimatorSettings",
+                 "gigpo_trl.envs.checker.check_env", "gigpo_trl.warmup.expert_warmup"):
+        assert f"::: {name}\n" in api
