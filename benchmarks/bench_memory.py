@@ -99,7 +99,7 @@ def child(turns: int, budget: int | None, steps: int) -> dict:
         )
         trainer = GiGPOTrainer(model, env=TextRewardEnv, args=args, train_dataset=tasks, processing_class=tokenizer)
         encoded = [tokenizer.encode(t) for t in TEXTS]
-        trainer.collector.generate_fn = lambda ids: ([encoded[i % 3] for i in range(len(ids))], None)
+        trainer.collector.policy.generate_fn = lambda ids: ([encoded[i % 3] for i in range(len(ids))], None)
         tokens, rows, sizes, marks = [], [], [], []
         collect = trainer.collector.collect
 
@@ -196,7 +196,7 @@ def child_default_model(budget: int, checkpointing: bool, rows: int, row_tokens:
         extra = next(e for e in range(200) if prompt_length(n, e + 1) > target)
         length = prompt_length(n, extra)
         prompt_tokens = length
-        trainer.collector.generate_fn = lambda ids: ([completion for _ in ids], None)
+        trainer.collector.policy.generate_fn = lambda ids: ([completion for _ in ids], None)
         sizes = []
         trainer.model.register_forward_pre_hook(
             lambda m, a, kw: sizes.append(tuple(kw["input_ids"].shape)) if torch.is_grad_enabled() else None,

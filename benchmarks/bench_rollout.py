@@ -133,7 +133,7 @@ def timed_rollout(trainer, tasks, group_ids, greedy=True):
     """(a): one collect() with generate / tokenize / decode / env step timed separately; the recorded prompts."""
     col = trainer.collector
     recorded = []
-    base_generate, base_tokenize, base_decode = col.generate_fn, col.tokenize_fn, col.decode_fn
+    base_generate, base_tokenize, base_decode = col.policy.generate_fn, col.tokenize_fn, col.policy.decode_fn
 
     def recording_generate(prompt_ids):
         recorded.append([list(p) for p in prompt_ids])
@@ -142,7 +142,7 @@ def timed_rollout(trainer, tasks, group_ids, greedy=True):
     gen, tok_t, dec = Timer(recording_generate), Timer(base_tokenize), Timer(base_decode)
     steps = {key: Timer(pool.step) for key, pool in col.pools.items()}
     resets = {key: Timer(pool.reset) for key, pool in col.pools.items()}
-    col.generate_fn, col.tokenize_fn, col.decode_fn = gen, tok_t, dec
+    col.policy.generate_fn, col.tokenize_fn, col.policy.decode_fn = gen, tok_t, dec
     for key, pool in col.pools.items():
         pool.step, pool.reset = steps[key], resets[key]
     try:
@@ -151,7 +151,7 @@ def timed_rollout(trainer, tasks, group_ids, greedy=True):
             batch = col.collect(tasks, group_ids)
             total = time.perf_counter() - t0
     finally:
-        col.generate_fn, col.tokenize_fn, col.decode_fn = base_generate, base_tokenize, base_decode
+        col.policy.generate_fn, col.tokenize_fn, col.policy.decode_fn = base_generate, base_tokenize, base_decode
         for key, pool in col.pools.items():
             del pool.step, pool.reset  # back to the class methods
     parts = {
@@ -464,7 +464,7 @@ def main(argv=None) -> int:
         f8 = functools.partial(FrozenLakeEnv, size=8, max_turns=T)
         tr = make_trainer(model, tok, f8, str(out / f"len{T}"), 2, a.num_generations, T, a.history_length,
                           a.max_completion_length)
-        tr.collector.generate_fn = fixed_policy(tok, "left")
+        tr.collector.policy.generate_fn = fixed_policy(tok, "left")
         tasks8, gids8 = task_batch(tr, 2, a.num_generations)
         b = tr.collector.collect(tasks8, gids8)
         first = max(len(r.prompt_ids) for r in b.rows if r.turn == 0)

@@ -94,7 +94,7 @@ def main() -> None:
             texts.append(f'<tool_call>{{"name": "move", "arguments": {{"src": {src}, "dst": {dst}}}}}</tool_call>')
         return [tokenizer.encode(t) for t in texts], None
 
-    trainer.collector.generate_fn = random_player
+    trainer.collector.policy.generate_fn = random_player
     trainer.train()
     keys = ["rollout/rows", "episode/invalid_action_rate", "episode/return_mean", "episode/success_rate"]
     figures = {"rows_per_iteration": [], "return": [], "level0_row_group_size_mean": [], "level0_singleton_groups": []}

@@ -17,7 +17,7 @@ def episode_metrics(trajectories: Sequence, prefix: str = "episode") -> dict[str
     (trajectories that hit the turn limit before ``done``).
 
     ``trajectories``: records with ``won``, ``episode_return``, ``num_turns``, ``num_invalid``, ``failed``,
-    ``task_type`` (see :class:`~gigpo_trl.rollout.TrajectoryRecord`). Failed trajectories count as unsuccessful.
+    ``task_type`` (see :class:`~gigpo_trl.episodes.TrajectoryRecord`). Failed trajectories count as unsuccessful.
     Also ``{prefix}/success_rate/<task_type>`` for each task type present, and, when the environment reports a
     ``task_score`` (WebShop: the purchase score, 0 when nothing was bought), ``{prefix}/task_score`` (the mean over
     the trajectories that have one; the GiGPO paper's WebShop "score" column is 100 × it) and
@@ -135,6 +135,19 @@ def graph_metrics(next_state_distances, anchor_reaches_success, anchor_group_ids
         out[f"{prefix}/next_distance_hist/{label}"] = float(in_bucket.mean())
     out[f"{prefix}/next_distance_hist/none"] = float((~reached).mean())
     return out
+
+
+def advantage_metrics(result, levels: bool = False) -> dict[str, float]:
+    """The metrics of one estimator result (:class:`~gigpo_trl.advantage.AdvantageResult`): its step groups
+    (:func:`anchor_metrics`), HGPO's levels when ``levels`` (:func:`level_metrics`), GraphGPO's distances when it has
+    them (:func:`graph_metrics`)."""
+    metrics = anchor_metrics(result.anchor_group_ids)
+    if levels:
+        metrics.update(level_metrics(result.level_group_ids))
+    if result.next_state_distances is not None:
+        metrics.update(graph_metrics(result.next_state_distances, result.anchor_reaches_success,
+                                     result.anchor_group_ids))
+    return metrics
 
 
 def completion_metrics(

@@ -15,7 +15,7 @@ Subclass :class:`RolloutObserver`, override the events you need, and register it
 
 Events, in the order of one training iteration:
 
-- :meth:`RolloutObserver.on_rollout`: each :class:`~gigpo_trl.rollout.RolloutBatch` the collector returns (a
+- :meth:`RolloutObserver.on_rollout`: each :class:`~gigpo_trl.episodes.RolloutBatch` the collector returns (a
   training rollout, each dynamic-sampling round, each evaluation chunk, each warm-up chunk; ``context.mode`` says
   which), this process's episodes only;
 - :meth:`RolloutObserver.on_advantages`: after the trainer computed the advantages of a rollout (after dynamic
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: this module imports nothing of the package at run time
-    from .rollout import RolloutBatch
+    from .episodes import RolloutBatch
 
 #: The values of :attr:`RolloutContext.mode`.
 MODES = ("train", "eval", "warmup")

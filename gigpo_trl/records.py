@@ -95,8 +95,8 @@ def row_records(rows: Sequence, trajectories: Sequence, gamma: float, result: An
     """One record per row (:data:`RECORD_FIELDS`).
 
     Args:
-        rows: :class:`~gigpo_trl.rollout.StepRow` s of one process, in the collector's (turn, environment) order.
-        trajectories: the :class:`~gigpo_trl.rollout.TrajectoryRecord` s of those rows.
+        rows: :class:`~gigpo_trl.episodes.StepRow` s of one process, in the collector's (turn, environment) order.
+        trajectories: the :class:`~gigpo_trl.episodes.TrajectoryRecord` s of those rows.
         gamma: discount of ``return_to_go``.
         result: :class:`~gigpo_trl.advantage.AdvantageResult` over all processes' rows (numpy fields), or None
             (evaluation: advantage fields ``None``).
@@ -239,7 +239,7 @@ class RolloutRecorder(RolloutObserver):
 
     def record_iteration(self, batch, result, context: RolloutContext) -> Path | None:
         """Write this process's rows of a training rollout (``batch``: the collector's
-        :class:`~gigpo_trl.rollout.RolloutBatch`; ``result``: the advantages over all processes' rows, or None when
+        :class:`~gigpo_trl.episodes.RolloutBatch`; ``result``: the advantages over all processes' rows, or None when
         no process has rows; this process's rows from ``context.row_start`` on), if records are on and
         ``context.iteration`` is a recorded one. Returns the file written, or None."""
         if not self.enabled:

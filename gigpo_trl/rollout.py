@@ -4,8 +4,8 @@ Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
 
 1. build one chat prompt per active environment (instruction, last ``history_length`` observation/action
    pairs, current observation, admissible actions) — :mod:`gigpo_trl.prompts`;
-2. generate for all active environments in ONE batched call (``generate_fn``, in the trainer TRL's own
-   ``_generate_single_turn``, so transformers, vLLM colocate and vLLM server all work);
+2. ask the policy (:mod:`gigpo_trl.policy`) for all active environments' completions in ONE call: the model through
+   TRL's own generation (:class:`~gigpo_trl.policy.GenerationPolicy`), the environment's expert in the warm-up;
 3. parse ``<think>…</think><action>…</action>`` (or the env's ``parse_completion``) — :mod:`gigpo_trl.parsing`;
 4. step the environments through an :class:`~gigpo_trl.envs.pool.EnvPool`.
 
@@ -19,104 +19,36 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .envs.base import episode_success, success_threshold
 from .envs.checker import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
+from .episodes import Episode, RolloutBatch, StepRow, TrajectoryRecord
 from .observers import RolloutContext, RolloutObserver, notify
 from .parsing import parse_for_env
+from .policy import Completions, Policy, Turn
 from .prompts import build_messages
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class StepRow:
-    """One training row: the action taken by one environment at one turn (the design's row schema)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    sampling_logps: list[float] | None
-    group_id: Hashable
-    trajectory_id: Hashable
-    turn: int
-    anchor_state: Hashable
-    reward: float
-    done: bool
-    action_valid: bool
-    task_type: str | None = None
-    completion_text: str = ""
-    prompt_messages: list[dict] | None = None
-    next_anchor_state: Hashable = None  # anchor of the observation the action returned (GraphGPO's transition)
-    observation: Any = None  # the observation the action was taken from (for rollout records)
-    action: str | None = None  # the parsed action sent to the environment
-
-
-def advantage_keys(rows: list[StepRow]) -> list[tuple]:
-    """What the advantage estimator reads of each row, small and picklable (gathered across ranks):
-    ``(group_id, trajectory_id, anchor_state, reward, action_valid, next_anchor_state)`` per row (HGPO's contexts
-    are derived from the anchors and the turn order; GraphGPO's graph needs the next anchors)."""
-    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.next_anchor_state) for r in rows]
-
-
-@dataclass
-class TrajectoryRecord:
-    """Summary of one episode: ``episode_return`` = R(τ), the sum of its rewards; ``failed`` when its
-    environment broke (``error`` says how); such a trajectory's rows are dropped. ``task_score``: the last
-    ``info["task_score"]`` the environment reported (WebShop's purchase score), None when it reports none."""
-
-    trajectory_id: Hashable
-    group_id: Hashable
-    task: Any
-    task_type: str | None
-    num_turns: int = 0
-    episode_return: float = 0.0
-    won: bool = False
-    num_invalid: int = 0
-    truncated: bool = False
-    failed: bool = False
-    error: str | None = None
-    task_score: float | None = None
-
-
-@dataclass
-class RolloutBatch:
-    """What :meth:`RolloutCollector.collect` returns."""
-
-    rows: list[StepRow] = field(default_factory=list)
-    trajectories: list[TrajectoryRecord] = field(default_factory=list)
-    num_generate_calls: int = 0
-    max_prompt_tokens: int = 0
-
-    def extend(self, other: RolloutBatch) -> None:
-        """Append ``other``'s rows and trajectories (its generate calls counted, its longest prompt kept)."""
-        self.rows += other.rows
-        self.trajectories += other.trajectories
-        self.num_generate_calls += other.num_generate_calls
-        self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
-
-
 class RolloutCollector:
-    """Collects multi-turn rollouts for a batch of tasks.
+    """Collects multi-turn rollouts for a batch of tasks; :func:`build_collector` builds it from a run's config.
 
     Args:
         env_factories: ``{name: factory}``; a task row's ``env`` column picks one (default: the only one).
-        generate_fn: ``generate_fn(prompt_ids: list[list[int]]) -> (completion_ids, logprobs or None)``, one
-            batched call per turn.
+        policy: what acts (:class:`~gigpo_trl.policy.Policy`): one :meth:`~gigpo_trl.policy.Policy.act` call per
+            turn for all live episodes. The attribute can be replaced between rollouts.
         tokenize_fn: ``tokenize_fn(messages: list[list[dict]]) -> list[list[int]]``: chat prompts to token ids
             (chat template applied, generation prompt added).
-        decode_fn: ``decode_fn(completion_ids: list[list[int]]) -> list[str]``.
         max_turns: turn limit T (an env's own ``max_turns`` wins when smaller).
         history_length: k, the number of past observation/action pairs shown in each prompt.
         max_prompt_length: token limit of a prompt; history is dropped (oldest first) to fit; a prompt that still
             does not fit fails its trajectory (``ValueError`` from :meth:`check_task` at init). ``None``: no limit.
-        sync_fn: multi-process agreement ``sync_fn(local_count) -> global_max``; every rank then generates
-            ``global_max`` prompts (filler prompts, whose outputs are dropped, pad the local list) so all ranks
-            make the same number of generate calls of the same size. ``None``: single process.
         num_env_workers / step_timeout / env_backend / ray_address: passed to each :class:`EnvPool` (as
             ``num_workers``, ``step_timeout``, ``backend``, ``ray_address``).
         progress: show a per-turn tqdm bar.
@@ -132,13 +64,11 @@ class RolloutCollector:
     def __init__(
         self,
         env_factories: Mapping[str, Callable[[], Any]],
-        generate_fn: Callable,
+        policy: Policy,
         tokenize_fn: Callable,
-        decode_fn: Callable,
         max_turns: int,
         history_length: int = 2,
         max_prompt_length: int | None = None,
-        sync_fn: Callable[[int], int] | None = None,
         num_env_workers: int = 0,
         step_timeout: float | None = None,
         env_backend: str = "process",
@@ -157,13 +87,11 @@ class RolloutCollector:
         self.env_factories = {name: f.with_turn_limit(max_turns) if hasattr(f, "with_turn_limit") and not
                               isinstance(f, type) else f for name, f in env_factories.items()}
         self._anchors_checked = False
-        self.generate_fn = generate_fn
+        self.policy = policy
         self.tokenize_fn = tokenize_fn
-        self.decode_fn = decode_fn
         self.max_turns = max_turns
         self.history_length = history_length
         self.max_prompt_length = max_prompt_length
-        self.sync_fn = sync_fn
         self.progress = progress
         self.require_think = require_think
         self.success_threshold = success_threshold
@@ -175,7 +103,7 @@ class RolloutCollector:
         # One probe instance per env for prompt templates / limits (reusing any the caller already built); the
         # pools own the stepping instances.
         templates = dict(templates or {})
-        self._templates = {name: templates.get(name) or factory() for name, factory in self.env_factories.items()}
+        self.templates = {name: templates.get(name) or factory() for name, factory in self.env_factories.items()}
 
     def close_pools(self) -> None:
         """Stop the env pools (their worker processes); the next :meth:`collect` starts fresh ones."""
@@ -199,7 +127,7 @@ class RolloutCollector:
 
     def close(self) -> None:
         self.close_pools()
-        for env in self._templates.values():
+        for env in self.templates.values():
             if hasattr(env, "close"):
                 env.close()
 
@@ -214,64 +142,47 @@ class RolloutCollector:
 
     def _reset_task(self, key: str, row: Mapping) -> Any:
         """What ``reset`` gets as ``task``: the row's ``task``, or the whole row (env with ``reset_receives_row``)."""
-        return dict(row) if getattr(self._templates[key], "reset_receives_row", False) else row["task"]
+        return dict(row) if getattr(self.templates[key], "reset_receives_row", False) else row["task"]
 
     def _threshold(self, key: str) -> float:
         if key not in self._thresholds:
-            self._thresholds[key] = success_threshold(self._templates[key], self.success_threshold)
+            self._thresholds[key] = success_threshold(self.templates[key], self.success_threshold)
         return self._thresholds[key]
 
     def _turn_limit(self, key: str) -> int:
-        env_limit = getattr(self._templates[key], "max_turns", None)
+        env_limit = getattr(self.templates[key], "max_turns", None)
         return min(self.max_turns, env_limit) if env_limit else self.max_turns
 
-    def _messages(self, st: dict, turn: int, keep: int) -> list[dict]:
-        history = st["history"][len(st["history"]) - keep:] if keep else []
-        env = self._templates[st["key"]]
-        return build_messages(env, st["instruction"], st["observation"], history, turn, st["limit"], st["admissible"])
+    def _messages(self, ep: Episode, turn: int, keep: int) -> list[dict]:
+        history = ep.history[len(ep.history) - keep:] if keep else []
+        return build_messages(self.templates[ep.key], ep.instruction, ep.observation, history, turn, ep.limit,
+                              ep.admissible)
 
-    def _prompts(self, states: list[dict], turn: int) -> list[tuple[list[dict], list[int] | None, str | None]]:
-        """``(messages, token ids, None)`` of each env's prompt, tokenized in one batched call; a prompt over the
+    def _prompts(self, episodes: list[Episode], turn: int) -> list[tuple[list[dict], list[int] | None, str | None]]:
+        """``(messages, token ids, None)`` of each episode's prompt, tokenized in one batched call; a prompt over the
         token limit is rebuilt with a shorter history window (oldest pairs dropped first). A prompt that does not
         fit even with no history is ``(messages, None, why)``: the caller decides (error at init, failed
         trajectory in the turn loop), so nothing here raises for one trajectory."""
-        keeps = [min(self.history_length, len(st["history"])) for st in states]
-        messages = [self._messages(st, turn, keep) for st, keep in zip(states, keeps)]
-        ids = self._tokenize_distinct(messages)
+        keeps = [min(self.history_length, len(ep.history)) for ep in episodes]
+        messages = [self._messages(ep, turn, keep) for ep, keep in zip(episodes, keeps)]
+        ids = tokenize_distinct(self.tokenize_fn, messages)
         out = []
-        for st, keep, msgs, tokens in zip(states, keeps, messages, ids):
+        for ep, keep, msgs, tokens in zip(episodes, keeps, messages, ids):
             error = None
             while self.max_prompt_length is not None and len(tokens) > self.max_prompt_length:
                 if keep == 0:
                     error = (
-                        f"prompt of task {st['task']!r} at turn {turn} has {len(tokens)} tokens, more than "
+                        f"prompt of task {ep.task!r} at turn {turn} has {len(tokens)} tokens, more than "
                         f"max_prompt_length={self.max_prompt_length} even with no history; raise max_prompt_length "
                         "(within the model's context) or shorten the environment's observations"
                     )
                     tokens = None
                     break
                 keep -= 1
-                msgs = self._messages(st, turn, keep)
+                msgs = self._messages(ep, turn, keep)
                 tokens = self.tokenize_fn([msgs])[0]
             out.append((msgs, tokens, error))
         return out
-
-    def _tokenize_distinct(self, messages: list[list[dict]]) -> list[list[int]]:
-        """``tokenize_fn`` over the distinct prompts only, in one call: group members in the same state with the
-        same history share a prompt (all N of a group at turn 0). Prompts with non-text content are all sent."""
-        if not messages:
-            return []
-        try:
-            keys = [tuple((m["role"], m["content"]) for m in msgs) for msgs in messages]
-            first: dict = {}
-            for i, key in enumerate(keys):
-                first.setdefault(key, i)
-        except TypeError:  # unhashable (multimodal) content
-            return self.tokenize_fn(messages)
-        unique = list(first.values())
-        ids = self.tokenize_fn([messages[i] for i in unique])
-        by_key = {keys[i]: tokens for i, tokens in zip(unique, ids)}
-        return [list(by_key[key]) for key in keys]
 
     def check_task(self, task_row: Mapping, key: str | None = None) -> list[int]:
         """Reset env ``key`` once on ``task_row`` and build its first prompt; returns the prompt's token ids.
@@ -286,7 +197,7 @@ class RolloutCollector:
             ValueError: the first prompt cannot fit ``max_prompt_length``.
         """
         key = key or self._env_key(task_row)
-        env = self._templates[key]
+        env = self.templates[key]
         task, seed = task_row["task"], task_row.get("seed")
         where = f"{type(env).__name__} (env {key!r}) on the first training task {task!r}, seed {seed!r}"
         try:
@@ -300,9 +211,10 @@ class RolloutCollector:
             check_anchor(env, observation, "reset")
         except TypeError as exc:
             raise TypeError(f"init check on the first training task {task!r}: {exc}") from None
-        state = {"key": key, "task": task, "instruction": info.get("instruction", ""), "observation": observation,
-                 "history": [], "limit": self._turn_limit(key), "admissible": info.get("admissible_actions")}
-        _, tokens, error = self._prompts([state], 0)[0]
+        episode = Episode(key, task, seed, TrajectoryRecord(None, None, task, None), self._turn_limit(key),
+                          observation=observation, instruction=info.get("instruction", ""),
+                          admissible=info.get("admissible_actions"))
+        _, tokens, error = self._prompts([episode], 0)[0]
         if error is not None:
             raise ValueError(error)
         return tokens
@@ -332,7 +244,7 @@ class RolloutCollector:
         if len(tasks) != len(group_ids):
             raise ValueError(f"tasks ({len(tasks)}) and group_ids ({len(group_ids)}) differ in length")
         batch = RolloutBatch()
-        states = self._start_episodes(tasks, group_ids, trajectory_prefix, batch)
+        episodes = self._start_episodes(tasks, group_ids, trajectory_prefix, batch)
         filler: list[int] | None = None  # a prompt that filler rows repeat (the first real prompt of the batch)
         bar = None
         if self.progress:
@@ -340,17 +252,17 @@ class RolloutCollector:
 
             bar = tqdm(total=self.max_turns, desc="rollout turns", leave=False)
         for turn in range(self.max_turns):
-            active, prompts = self._turn_prompts(states, turn)
-            prompt_ids = [ids for _, ids, _ in prompts]
-            if prompt_ids and filler is None:
-                filler = prompt_ids[0]
-            n_global = self.sync_fn(len(active)) if self.sync_fn is not None else len(active)
-            if n_global == 0:
+            live, prompts = self._turn_prompts(episodes, turn)
+            if prompts and filler is None:
+                filler = prompts[0][1]
+            size = self.policy.turn_size(len(live))  # every process's largest count, when the policy needs one
+            if size == 0:
                 break
-            completion_ids, logprobs, texts = self._generate_completions(prompt_ids, len(active), n_global, filler,
-                                                                         batch)
-            pending, actions = self._parse_actions(states, active, prompts, completion_ids, logprobs, texts, batch)
-            self._step_envs(states, active, pending, actions, turn, batch)
+            out = self.policy.act(Turn(turn, live, [m for m, _, _ in prompts], [ids for _, ids, _ in prompts], size,
+                                       filler))
+            batch.num_generate_calls += 1
+            parsed, actions = self._parse_actions(live, out)
+            self._step_envs(live, prompts, out, parsed, actions, turn, batch)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -359,10 +271,22 @@ class RolloutCollector:
         notify(self.observers, "on_rollout", batch, context if context is not None else RolloutContext())
         return batch
 
-    def _start_episodes(self, tasks, group_ids, trajectory_prefix, batch: RolloutBatch) -> list[dict]:
-        """One state dict and :class:`TrajectoryRecord` per task row, and every environment reset (one batched call
-        per pool; slot j of pool ``key`` runs the j-th row routed to it). A failed reset fails its trajectory."""
-        states: list[dict] = []
+    def collect_evaluation(self, tasks: Sequence[Mapping], rank: int = 0, world: int = 1, chunk_size: int = 1,
+                           context: RolloutContext | None = None) -> RolloutBatch:
+        """One episode per task of this process's share of ``tasks`` (every ``world``-th from ``rank``),
+        ``chunk_size`` at a time; every process makes the same number of :meth:`collect` calls (one with fewer tasks
+        collects an empty chunk, whose generation is filler only). Returns this process's episodes in one batch."""
+        local, size, episodes = tasks[rank::world], max(1, chunk_size), RolloutBatch()
+        for c in range(math.ceil(math.ceil(len(tasks) / world) / size)):
+            chunk = local[c * size : (c + 1) * size]
+            episodes.extend(self.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
+                                         trajectory_prefix=("eval", rank, c), context=context))
+        return episodes
+
+    def _start_episodes(self, tasks, group_ids, trajectory_prefix, batch: RolloutBatch) -> list[Episode]:
+        """One :class:`Episode` and :class:`TrajectoryRecord` per task row, and every environment reset (one batched
+        call per pool; slot j of pool ``key`` runs the j-th row routed to it). A failed reset fails its trajectory."""
+        episodes: list[Episode] = []
         by_key: dict[str, list[int]] = {}
         for i, row in enumerate(tasks):
             if "task" not in row:
@@ -371,66 +295,49 @@ class RolloutCollector:
             by_key.setdefault(key, []).append(i)
             record = TrajectoryRecord((trajectory_prefix, i), group_ids[i], row["task"], row.get("task_type"))
             batch.trajectories.append(record)
-            states.append({"key": key, "task": row["task"], "seed": row.get("seed"), "record": record,
-                           "history": [], "done": False, "limit": self._turn_limit(key)})
+            episodes.append(Episode(key, row["task"], row.get("seed"), record, self._turn_limit(key)))
         for key, idxs in by_key.items():
             results = self._pool(key).reset([self._reset_task(key, tasks[i]) for i in idxs],
-                                            [states[i]["seed"] for i in idxs])
+                                            [episodes[i].seed for i in idxs])
             for slot, (i, res) in enumerate(zip(idxs, results)):
-                st = states[i]
-                st["slot"] = slot
+                ep = episodes[i]
+                ep.slot = slot
                 if res.error is not None:
-                    self._fail(st, res.error)
+                    self._fail(ep, res.error)
                     continue
-                st["observation"], st["anchor"] = res.observation, res.anchor
-                st["info"] = res.info  # the last info, for a collector that acts on it (the expert warm-up)
-                st["instruction"] = res.info.get("instruction", "")
-                st["admissible"] = res.info.get("admissible_actions")
-                if st["record"].task_type is None and res.info.get("task_type") is not None:
-                    st["record"].task_type = res.info["task_type"]
-        return states
+                ep.observation, ep.anchor, ep.info = res.observation, res.anchor, res.info
+                ep.instruction = res.info.get("instruction", "")
+                ep.admissible = res.info.get("admissible_actions")
+                if ep.record.task_type is None and res.info.get("task_type") is not None:
+                    ep.record.task_type = res.info["task_type"]
+        return episodes
 
-    def _turn_prompts(self, states: list[dict], turn: int) -> tuple[list[int], list[tuple]]:
-        """``(active state indices, [(messages, prompt token ids, None)])`` of this turn's live episodes.
+    def _turn_prompts(self, episodes: list[Episode], turn: int) -> tuple[list[Episode], list[tuple]]:
+        """``(live episodes, [(messages, prompt token ids, None)])`` of this turn.
 
         A prompt that cannot fit ends its own trajectory as failed (before the per-turn collective, so every rank
         still makes the same calls); cutting the observation instead would hide part of the state."""
-        active = [i for i, st in enumerate(states) if not st["done"]]
-        prompts = self._prompts([states[i] for i in active], turn)
-        for i, (_, _, error) in zip(active, prompts):
+        active = [ep for ep in episodes if not ep.done]
+        prompts = self._prompts(active, turn)
+        for ep, (_, _, error) in zip(active, prompts):
             if error is not None:
-                self._fail(states[i], error)
-        return [i for i in active if not states[i]["done"]], [p for p in prompts if p[2] is None]
+                self._fail(ep, error)
+        return [ep for ep in active if not ep.done], [p for p in prompts if p[2] is None]
 
-    def _generate_completions(self, prompt_ids, n_active: int, n_global: int, filler, batch: RolloutBatch):
-        """One batched generate call of ``n_global`` prompts (the ranks' largest count): this rank's prompts, then
-        filler prompts, which keep every rank's generate calls equal in number and size (collectives inside).
-        Returns ``(completion ids, sampling log-probs or None, decoded texts)`` of this rank's ``n_active`` rows."""
-        padded = prompt_ids + [filler or [0]] * (n_global - len(prompt_ids))
-        completion_ids, logprobs = self.generate_fn(padded)
-        batch.num_generate_calls += 1
-        completion_ids = [list(c) for c in completion_ids[:n_active]]
-        texts = self.decode_fn(completion_ids) if n_active else []
-        return completion_ids, logprobs, texts
-
-    def _parse_actions(self, states, active, prompts, completion_ids, logprobs, texts, batch: RolloutBatch):
+    def _parse_actions(self, live: list[Episode], out: Completions) -> tuple[list, dict[str, dict[int, Any]]]:
         """Each completion's action (:func:`parse_for_env`): the env's own ``parse_completion`` if it has one (tool
         calls, the paper's projection), else ``<think>/<action>`` parsing where an unparsable completion gets the
-        env's ``invalid_action`` or the text's tail, as the GiGPO reference does. Returns ``(pending, actions)``: per state index its turn's
-        ``(messages, prompt ids, completion ids, log-probs, text, parsed)``, and per pool ``{slot: action}``."""
-        actions: dict[str, dict[int, str]] = {}
-        pending = {}
-        for n, i in enumerate(active):
-            st = states[i]
-            parsed = parse_for_env(self._templates[st["key"]], texts[n], require_think=self.require_think)
-            prompt_ids = prompts[n][1]
-            batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(prompt_ids))
-            pending[i] = (prompts[n][0], prompt_ids, completion_ids[n],
-                          logprobs[n] if logprobs is not None else None, texts[n], parsed)
-            actions.setdefault(st["key"], {})[st["slot"]] = parsed.action
-        return pending, actions
+        env's ``invalid_action`` or the text's tail, as the GiGPO reference does. Returns ``(parsed, actions)``: the
+        parsed completion of each live episode, and per pool ``{slot: action}``."""
+        parsed = [parse_for_env(self.templates[ep.key], text, require_think=self.require_think)
+                  for ep, text in zip(live, out.texts)]
+        actions: dict[str, dict[int, Any]] = {}
+        for ep, p in zip(live, parsed):
+            actions.setdefault(ep.key, {})[ep.slot] = p.action
+        return parsed, actions
 
-    def _step_envs(self, states, active, pending, actions, turn: int, batch: RolloutBatch) -> None:
+    def _step_envs(self, live: list[Episode], prompts, out: Completions, parsed, actions, turn: int,
+                   batch: RolloutBatch) -> None:
         """Step every pool once with its slots' actions, record one :class:`StepRow` per live episode and advance
         its state (history, observation, anchor); an episode ends on the env's ``done`` or its turn limit (then
         truncated). An env error fails the trajectory."""
@@ -438,35 +345,34 @@ class RolloutCollector:
         for key, slot_actions in actions.items():
             for slot, res in self._pool(key).step(slot_actions).items():
                 results[(key, slot)] = res
-        for i in active:
-            st = states[i]
-            messages, p_ids, c_ids, logps, text, parsed = pending[i]
-            res = results[(st["key"], st["slot"])]
-            record = st["record"]
+        for n, ep in enumerate(live):
+            (messages, p_ids, _), action = prompts[n], parsed[n]
+            batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(p_ids))
+            res, record = results[(ep.key, ep.slot)], ep.record
             if res.error is not None:
-                self._fail(st, res.error)
+                self._fail(ep, res.error)
                 continue
-            valid = parsed.valid and res.info.get("action_valid", True) is not False
-            done = bool(res.done) or turn + 1 >= st["limit"]
+            valid = action.valid and res.info.get("action_valid", True) is not False
+            done = bool(res.done) or turn + 1 >= ep.limit
+            logps, source = (None if v is None else v[n] for v in (out.logps, out.sources))
             batch.rows.append(StepRow(
-                prompt_ids=p_ids, completion_ids=c_ids, sampling_logps=logps, group_id=record.group_id,
-                trajectory_id=record.trajectory_id, turn=turn, anchor_state=st["anchor"],
-                reward=float(res.reward), done=done, action_valid=valid, task_type=record.task_type,
-                completion_text=text, prompt_messages=messages, next_anchor_state=res.anchor,
-                observation=st["observation"], action=parsed.action,
+                prompt_ids=p_ids, completion_ids=out.ids[n], sampling_logps=logps, group_id=record.group_id,
+                trajectory_id=record.trajectory_id, turn=turn, anchor_state=ep.anchor, reward=float(res.reward),
+                done=done, action_valid=valid, task_type=record.task_type, completion_text=out.texts[n],
+                prompt_messages=messages, next_anchor_state=res.anchor, observation=ep.observation,
+                action=action.action, source=source,
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)
             record.num_invalid += int(not valid)
             if "task_score" in res.info:
                 record.task_score = float(res.info["task_score"])
-            st["history"].append((str(st["observation"]), parsed.history_action))
-            st["observation"], st["anchor"] = res.observation, res.anchor
-            st["admissible"] = res.info.get("admissible_actions", st["admissible"])
-            st["info"] = res.info
+            ep.history.append((str(ep.observation), action.history_action))
+            ep.observation, ep.anchor, ep.info = res.observation, res.anchor, res.info
+            ep.admissible = res.info.get("admissible_actions", ep.admissible)
             if done:
-                st["done"] = True
-                record.won = res.done and episode_success(res.info, res.reward, self._threshold(st["key"]))
+                ep.done = True
+                record.won = res.done and episode_success(res.info, res.reward, self._threshold(ep.key))
                 record.truncated = not res.done
 
     def _close_trajectories(self, batch: RolloutBatch) -> RolloutBatch:
@@ -482,8 +388,43 @@ class RolloutCollector:
         return batch
 
     @staticmethod
-    def _fail(st: dict, error: str) -> None:
-        st["done"] = True
-        st["record"].failed = True
-        st["record"].error = error
-        logger.warning("trajectory %s (task %r) failed: %s", st["record"].trajectory_id, st["task"], error)
+    def _fail(ep: Episode, error: str) -> None:
+        ep.done = True
+        ep.record.failed = True
+        ep.record.error = error
+        logger.warning("trajectory %s (task %r) failed: %s", ep.record.trajectory_id, ep.task, error)
+
+
+def tokenize_distinct(tokenize_fn: Callable, messages: list[list[dict]]) -> list[list[int]]:
+    """``tokenize_fn`` over the distinct prompts only, in one call: group members in the same state with the same
+    history share a prompt (all N of a group at turn 0). Prompts with non-text content are all sent."""
+    if not messages:
+        return []
+    try:
+        keys = [tuple((m["role"], m["content"]) for m in msgs) for msgs in messages]
+        first: dict = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+    except TypeError:  # unhashable (multimodal) content
+        return tokenize_fn(messages)
+    unique = list(first.values())
+    ids = tokenize_fn([messages[i] for i in unique])
+    by_key = {keys[i]: tokens for i, tokens in zip(unique, ids)}
+    return [list(by_key[key]) for key in keys]
+
+
+def build_collector(args, env_factories: Mapping[str, Callable[[], Any]], policy: Policy, tokenize_fn: Callable,
+                    max_prompt_length: int | None = None, progress: bool = False,
+                    templates: Mapping[str, Any] | None = None,
+                    observers: list[RolloutObserver] | None = None) -> RolloutCollector:
+    """The one factory of rollout collectors (training, evaluation, warm-up): every setting that comes from the
+    run's :class:`~gigpo_trl.GiGPOConfig` ``args`` is read here (``max_turns``, ``history_length``,
+    ``require_think``, ``success_reward_threshold``, ``num_env_workers``, ``env_step_timeout``, ``env_backend``,
+    ``ray_address``), so two collectors of one run cannot drift. The other arguments are :class:`RolloutCollector`'s."""
+    return RolloutCollector(
+        env_factories, policy, tokenize_fn, max_turns=args.max_turns, history_length=args.history_length,
+        max_prompt_length=max_prompt_length, num_env_workers=args.num_env_workers,
+        step_timeout=args.env_step_timeout, env_backend=args.env_backend, ray_address=args.ray_address,
+        progress=progress, require_think=args.require_think, templates=templates, observers=observers,
+        success_threshold=args.success_reward_threshold,
+    )

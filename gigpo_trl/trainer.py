@@ -49,17 +49,19 @@ from .checks import check_budget_aux_loss, check_chat_template, check_first_prom
 from .config import GiGPOConfig
 from .dynamic_sampling import DynamicSampler
 from .envs.adapters import resolve_envs
+from .episodes import StepRow, advantage_keys
 from .finite import finite_reward_keys, local_advantages
 from .generation import eval_sampling, generation_params_gathered, lora_merged_for_generation
-from .grad_accumulation import DeepSpeedStepGuard
+from .grad_accumulation import DeepSpeedStepGuard, is_on_policy_micro_step
 from .memory import warn_if_budget_exceeds_memory
-from .metrics import anchor_metrics, completion_metrics, episode_metrics, graph_metrics, level_metrics
+from .metrics import advantage_metrics, completion_metrics, episode_metrics
 from .models import disable_attention_dropout
 from .observers import RolloutContext, RolloutObserver, notify
+from .policy import GenerationPolicy, Policy
 from .positions import install_mask_positions
 from .prompts import max_prompt_length
 from .records import RolloutRecorder
-from .rollout import RolloutBatch, RolloutCollector, StepRow, advantage_keys
+from .rollout import RolloutCollector, build_collector
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
                         sampling_logps, sampling_metrics, server_weight_sync_guard, shutdown_engine_before_end_training,
@@ -179,10 +181,14 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
                 install_mask_positions(m)
         self.add_callback(DeepSpeedStepGuard(lambda: self.model_wrapped))  # one engine step per optimizer step
         check_chat_template(trl_compat.tokenizer(self))
-        self.rollout_observers: list[RolloutObserver] = []  # the collector's list too: one registry
-        self.collector = self._make_collector(args)
         self.rollout_recorder = RolloutRecorder(args, self.accelerator.num_processes)  # writes with rollout_records
-        self.add_rollout_observer(self.rollout_recorder)
+        self.rollout_observers: list[RolloutObserver] = [self.rollout_recorder]  # shared with the collectors
+        context = (vllm_max_model_len(self) if self.use_vllm else None) or getattr(  # vLLM's limit first: it rejects
+            self.model.config.get_text_config(), "max_position_embeddings", None)  # longer requests
+        self._prompt_limit = max_prompt_length(context, args.max_prompt_length, self.max_completion_length)
+        self.collector = self.make_collector(  # the probe env built above serves as template: not built twice
+            progress=self.accelerator.is_main_process and not args.disable_tqdm,
+            templates={next(iter(self.env_factories)): self._probe_env})
         check_first_prompt(self.collector, self.env_factories, train_dataset)
         self.dynamic_sampler = DynamicSampler(
             self.collector, self.train_dataset, self._advantages, args.max_dynamic_sampling_rounds,
@@ -190,35 +196,21 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             rank=self.accelerator.process_index, gather=gather_object if self.accelerator.num_processes > 1 else None,
         ) if args.dynamic_sampling else None
 
-    def _make_collector(self, args: GiGPOConfig) -> RolloutCollector:
-        """The rollout collector: generates through TRL's dispatch, tokenizes with TRL's chat templating."""
-        context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
-        if self.use_vllm:  # vLLM rejects prompt + completion past its own max_model_len
-            context = vllm_max_model_len(self) or context
-        return RolloutCollector(
-            self.env_factories,
-            generate_fn=self._generate_turn,
-            tokenize_fn=functools.partial(trl_compat.tokenize_prompts, self),
-            decode_fn=functools.partial(self.processing_class.batch_decode, skip_special_tokens=True),
-            max_turns=args.max_turns,
-            history_length=args.history_length,
-            max_prompt_length=max_prompt_length(context, args.max_prompt_length, self.max_completion_length),
-            sync_fn=self._sync_max if self.accelerator.num_processes > 1 else None,
-            num_env_workers=args.num_env_workers,
-            step_timeout=args.env_step_timeout,
-            env_backend=args.env_backend,
-            ray_address=args.ray_address,
-            progress=self.accelerator.is_main_process and not args.disable_tqdm,
-            require_think=args.require_think,
-            templates={next(iter(self.env_factories)): self._probe_env},  # built in __init__; not twice at start-up
-            success_threshold=args.success_reward_threshold,
-            observers=self.rollout_observers,
-        )
+    def make_collector(self, policy: Policy | None = None, env_factories=None, templates=None,
+                       progress: bool = False) -> RolloutCollector:
+        """A collector of this run (:func:`~gigpo_trl.rollout.build_collector`, TRL's chat templating, the prompt limit,
+        :attr:`rollout_observers`); default policy: the model through TRL's generation; default envs: the trainer's."""
+        if policy is None:
+            decode = functools.partial(self.processing_class.batch_decode, skip_special_tokens=True)
+            policy = GenerationPolicy(self._generate_turn, decode,
+                                      self._sync_max if self.accelerator.num_processes > 1 else None)
+        return build_collector(self.args, env_factories or self.env_factories, policy,
+                               functools.partial(trl_compat.tokenize_prompts, self), self._prompt_limit, progress,
+                               templates, self.rollout_observers)
 
     def add_rollout_observer(self, observer: RolloutObserver) -> None:
-        """Register a :class:`~gigpo_trl.observers.RolloutObserver`: it sees every rollout of the trainer's collector,
-        every advantage computation and every evaluation (see :mod:`gigpo_trl.observers`); registered ones are in
-        :attr:`rollout_observers`."""
+        """Register a :class:`~gigpo_trl.observers.RolloutObserver` (in :attr:`rollout_observers`): it sees every
+        rollout of the trainer's collectors, advantage computation and evaluation (see :mod:`gigpo_trl.observers`)."""
         self.rollout_observers.append(observer)
 
     def train(self, *args, **kwargs):
@@ -257,10 +249,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
                              getattr(self, "generation_kwargs", None), self.vllm_generation if self.use_vllm else None)
 
     def _rollout_context(self, mode: str, name: str | None = None) -> RolloutContext:
-        """The observers' context of a rollout starting now; a training rollout's ``iteration`` counts TRL's
-        micro-steps (restored on resume) in generations."""
-        generate_every = self.args.steps_per_rollout
-        iteration = trl_compat.rollout_position(self)[0] // generate_every + 1 if mode == "train" else None
+        """The observers' context of a rollout starting now (``iteration``: TRL's micro-steps, restored on resume)."""
+        iteration = trl_compat.rollout_position(self)[0] // self.args.steps_per_rollout + 1 if mode == "train" else None
         return RolloutContext(mode, self.accelerator.process_index, self.state.global_step, iteration, name)
 
     def _sync_max(self, local: int) -> int:
@@ -281,8 +271,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         over all ranks' rows → TRL's batch dict of N rows (``prompt_ids`` (N, P), ``completion_ids`` (N, C),
         ``advantages`` (N,), …; N is this rank's row count padded with zero-mask filler rows, see
         :meth:`_rows_to_batch`)."""
-        mode = "train" if self.model.training else "eval"
-        rank = self.accelerator.process_index
+        mode, rank = "train" if self.model.training else "eval", self.accelerator.process_index
         t0 = time.perf_counter()
         group_ids = self._group_ids(inputs)
         context = self._rollout_context(mode)
@@ -292,8 +281,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             if self.dynamic_sampler is not None and mode == "train":
                 batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
                                                       trl_compat.metrics(self, "train"), context)
-        rows = batch.rows
-        t_rollout = time.perf_counter() - t0
+        rows, t_rollout = batch.rows, time.perf_counter() - t0
 
         # GiGPO advantages over whole task groups: gather every rank's row keys, compute, keep the local slice.
         t1 = time.perf_counter()
@@ -315,18 +303,13 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
 
     # ------------------------------------------------------------------ advantages
     def _advantages(self, keys: list[tuple]):
-        """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.rollout.advantage_keys` tuples
+        """:func:`compute_gigpo_advantages` over rows given as :func:`~gigpo_trl.episodes.advantage_keys` tuples
         (all ranks' rows, in order), with this config's estimator settings."""
         groups, trajs, anchors, rewards, valid, next_anchors = zip(*keys)
         return compute_gigpo_advantages(
-            rewards=np.asarray(rewards, dtype=np.float64),
-            group_ids=list(groups),
-            trajectory_ids=list(trajs),
-            anchor_states=list(anchors),
-            action_valid=np.asarray(valid, dtype=bool),
-            settings=self.args.estimator_settings,
-            next_anchor_states=list(next_anchors),
-        )
+            rewards=np.asarray(rewards, dtype=np.float64), group_ids=list(groups), trajectory_ids=list(trajs),
+            anchor_states=list(anchors), action_valid=np.asarray(valid, dtype=bool),
+            settings=self.args.estimator_settings, next_anchor_states=list(next_anchors))
 
     # ------------------------------------------------------------------ batch
     def _rows_to_batch(self, rows: list[StepRow], advantages: np.ndarray, counts: list[int], mode: str,
@@ -446,12 +429,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         all_trajs = gather_object(batch.trajectories) if multi else batch.trajectories
         metrics = episode_metrics(all_trajs)
         if result is not None:
-            metrics.update(anchor_metrics(result.anchor_group_ids))
-            if self.args.step_grouping == "hierarchical":
-                metrics.update(level_metrics(result.level_group_ids))
-            if result.next_state_distances is not None:
-                metrics.update(graph_metrics(result.next_state_distances, result.anchor_reaches_success,
-                                             result.anchor_group_ids))
+            metrics.update(advantage_metrics(result, levels=self.args.step_grouping == "hierarchical"))
         lengths = [len(r.completion_ids) for r in rows]
         totals = torch.tensor(
             [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device
@@ -504,23 +482,14 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             return metrics
         check_task_dataset(dataset, None, "eval_dataset")
         tasks = [dict(row) for row in itertools.islice(dataset, self.args.eval_max_tasks)]  # None: all
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        local = tasks[rank::world]
-        # Episodes run per_device_eval_batch_size at a time; every rank makes the same number of collect calls
-        # (a rank with fewer tasks collects an empty chunk, generating filler prompts only).
-        size = max(1, self.args.per_device_eval_batch_size)
-        n_chunks = math.ceil(math.ceil(len(tasks) / world) / size)
+        world = self.accelerator.num_processes
         t0 = time.perf_counter()
         context = self._rollout_context("eval", metric_key_prefix)
-        episodes = RolloutBatch()  # this process's episodes of the whole evaluation
         with (self.collector.pools_closed_on_error(), self._eval_sampling(),
               generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
               lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
-            for c in range(n_chunks):
-                chunk = local[c * size : (c + 1) * size]
-                batch = self.collector.collect(chunk, [f"eval:{rank}:{c}:{i}" for i in range(len(chunk))],
-                                               trajectory_prefix=("eval", rank, c), context=context)
-                episodes.extend(batch)
+            episodes = self.collector.collect_evaluation(tasks, context.rank, world,
+                                                         self.args.per_device_eval_batch_size, context)
         notify(self.rollout_observers, "on_evaluation", episodes, context)
         trajectories = gather_object(episodes.trajectories) if world > 1 else episodes.trajectories
         metrics = {f"{metric_key_prefix}_{k.split('/', 1)[1]}": v for k, v in episode_metrics(trajectories).items()}
@@ -530,15 +499,3 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-
-def is_on_policy_micro_step(micro_step: int, generate_every: int, gradient_accumulation_steps: int) -> bool:
-    """Whether TRL's micro-step ``micro_step`` (``GRPOTrainer._step``) trains with the weights its rollout was
-    generated with: no optimizer step falls between the micro-step that generated (``micro_step −
-    micro_step % generate_every``) and this one, i.e. no multiple of ``gradient_accumulation_steps`` in
-    ``(start, micro_step]``. ``generate_every`` = ``steps_per_generation × num_iterations``. Raises ``ValueError``
-    when either count is below 1."""
-    if generate_every < 1 or gradient_accumulation_steps < 1:
-        raise ValueError(f"generate_every={generate_every} and gradient_accumulation_steps="
-                         f"{gradient_accumulation_steps} must be >= 1")
-    start = micro_step - micro_step % generate_every
-    return micro_step // gradient_accumulation_steps == start // gradient_accumulation_steps

@@ -5,9 +5,10 @@ learns nothing from RL. The standard answer in agent RL (behaviour cloning befor
 fine-tune it first on demonstrations of an expert. Here:
 
 1. **Demonstrations are rollout rows.** The environment's ``expert_action()`` (see :mod:`gigpo_trl.envs.base`) plays
-   the training tasks through the trainer's own :class:`~gigpo_trl.rollout.RolloutCollector` machinery: the same
-   prompt messages, history window, chat template (TRL's tokenization), prompt limit, protocol and parser. Only the
-   generate call is replaced: each "completion" is the expert's action in the protocol's format,
+   the training tasks through a collector of the trainer's own factory (``GiGPOTrainer.make_collector``): the same
+   prompt messages, history window, chat template (TRL's tokenization), prompt limit, protocol, parser and
+   environment backend (processes or Ray actors). Only the policy differs (:class:`ExpertPolicy`): each
+   "completion" is the expert's action in the protocol's format,
    ``<think>{thought}</think><action>{action}</action>`` followed by the end-of-sequence token, as a generated
    completion ends. The thought is the environment's optional ``expert_thought(action)``: a short statement of what
    the expert does next (WebShop, product page: ``task options: 1 pound. selected: none. next: 1 pound``), never
@@ -28,17 +29,20 @@ Public entry point: :func:`expert_warmup` (one call, between building the :class
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import trl_compat
 from .envs.base import EpisodeFault, env_name
-from .rollout import RolloutCollector, StepRow
+from .episodes import StepRow
+from .observers import RolloutContext
+from .policy import Completions, Policy, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -148,68 +152,54 @@ class _ExpertFactory:
 
 
 # ------------------------------------------------------------------------------------------- demonstrations
-class _ExpertCollector(RolloutCollector):
-    """The rollout collector with the generate call replaced by the expert (optionally perturbed).
+class ExpertPolicy(Policy):
+    """The environment's expert as a policy (optionally perturbed): each live episode's completion is
+    ``EXPERT_COMPLETION`` of the expert's next action (read from the episode's last ``info``, where
+    :class:`_ExpertEnv` put it), or with probability ``perturb_rate`` a random other admissible action (source
+    ``"perturbed"``, not a demonstration).
 
-    ``completion_fn(texts) -> token ids`` turns each completion text into the ids a generation would end with.
-    ``demonstration`` maps ``(trajectory_id, turn)`` to whether that turn was the expert's (False: a perturbation).
+    Args:
+        encode_fn: ``encode_fn(texts) -> token ids``, each ending as a generated completion ends (end of sequence).
+        decode_fn: ``decode_fn(token ids) -> texts`` (the row's text, as for a generated completion).
+        perturb_rate: probability of a random admissible action per turn.
+        rng: the perturbation draws.
     """
 
-    def __init__(self, *args, completion_fn: Callable[[list[str]], list[list[int]]], perturb_rate: float,
-                 rng: random.Random, **kwargs):
-        super().__init__(*args, generate_fn=self._unused_generate, **kwargs)
-        self.completion_fn = completion_fn
+    def __init__(self, encode_fn: Callable[[list[str]], list[list[int]]], decode_fn: Callable,
+                 perturb_rate: float = 0.0, rng: random.Random | None = None):
+        self.encode_fn = encode_fn
+        self.decode_fn = decode_fn
         self.perturb_rate = perturb_rate
-        self.rng = rng
-        self.demonstration: dict[tuple, bool] = {}
-        self._turn_states: list[dict] = []
-        self._turn = 0
+        self.rng = rng or random.Random(0)
 
-    @staticmethod
-    def _unused_generate(prompt_ids):  # pragma: no cover - _generate_completions never calls it
-        raise AssertionError("the expert collector does not generate")
-
-    def _turn_prompts(self, states: list[dict], turn: int):
-        active, prompts = super()._turn_prompts(states, turn)
-        self._turn_states, self._turn = [states[i] for i in active], turn
-        return active, prompts
-
-    def _expert_text(self, st: dict) -> tuple[str, bool]:
-        expert = st["info"].get(EXPERT_INFO_KEY)
+    def _text(self, ep, turn: int) -> tuple[str, str]:
+        expert = ep.info.get(EXPERT_INFO_KEY)
         if expert is None:
-            raise RuntimeError(f"no expert action for task {st['task']!r} at turn {self._turn}")
+            raise RuntimeError(f"no expert action for task {ep.task!r} at turn {turn}")
         if self.perturb_rate > 0 and self.rng.random() < self.perturb_rate:
-            others = [a for a in st.get("admissible") or [] if a != expert and not _PLACEHOLDER.search(a)]
+            others = [a for a in ep.admissible or [] if a != expert and not _PLACEHOLDER.search(a)]
             if others:
-                return EXPERT_COMPLETION.format(thought="", action=self.rng.choice(others)), False
-        return EXPERT_COMPLETION.format(thought=st["info"].get(EXPERT_THOUGHT_KEY, ""), action=expert), True
+                return EXPERT_COMPLETION.format(thought="", action=self.rng.choice(others)), "perturbed"
+        return EXPERT_COMPLETION.format(thought=ep.info.get(EXPERT_THOUGHT_KEY, ""), action=expert), "expert"
 
-    def _generate_completions(self, prompt_ids, n_active: int, n_global: int, filler, batch):
-        texts, expert = zip(*(self._expert_text(st) for st in self._turn_states)) if n_active else ((), ())
-        for st, is_expert in zip(self._turn_states, expert):
-            self.demonstration[(st["record"].trajectory_id, self._turn)] = is_expert
-        completion_ids = self.completion_fn(list(texts))
-        batch.num_generate_calls += 1
-        return completion_ids, None, self.decode_fn(completion_ids) if n_active else []
+    def act(self, turn: Turn) -> Completions:
+        texts, sources = zip(*(self._text(ep, turn.index) for ep in turn.episodes)) if turn.episodes else ((), ())
+        ids = self.encode_fn(list(texts))
+        return Completions(ids, self.decode_fn(ids) if ids else [], None, list(sources))
 
 
-def _collector_for(trainer, perturb_rate: float, seed: int) -> _ExpertCollector:
-    """An expert collector with the trainer's collector settings, env factories wrapped with the expert hook."""
-    args, base = trainer.args, trainer.collector
+def _expert_collector(trainer, perturb_rate: float, seed: int):
+    """The trainer's kind of collector (same factory, same config: backend, workers, budgets, templates) with the
+    expert as its policy and each environment wrapped to report its expert's next action."""
     tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
     eos = trainer.eos_token_ids[0] if getattr(trainer, "eos_token_ids", None) else tok.eos_token_id
 
-    def completion_fn(texts: list[str]) -> list[list[int]]:
+    def encode(texts: list[str]) -> list[list[int]]:
         return [ids + [eos] for ids in tok(list(texts), add_special_tokens=False)["input_ids"]] if texts else []
 
-    return _ExpertCollector(
-        {name: _ExpertFactory(f) for name, f in trainer.env_factories.items()},
-        tokenize_fn=base.tokenize_fn, decode_fn=base.decode_fn, max_turns=base.max_turns,
-        history_length=base.history_length, max_prompt_length=base.max_prompt_length,
-        num_env_workers=args.num_env_workers, step_timeout=args.env_step_timeout, progress=False,
-        require_think=base.require_think, success_threshold=base.success_threshold, completion_fn=completion_fn, perturb_rate=perturb_rate,
-        rng=random.Random(seed),
-    )
+    decode = functools.partial(trainer.processing_class.batch_decode, skip_special_tokens=True)
+    return trainer.make_collector(ExpertPolicy(encode, decode, perturb_rate, random.Random(seed)),
+                                  {name: _ExpertFactory(f) for name, f in trainer.env_factories.items()})
 
 
 def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, seed: int = 0, tasks=None,
@@ -253,10 +243,11 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         raise ValueError(f"perturb_rate must be in [0, 1), got {perturb_rate}")
     if not 0.0 <= max_failed_fraction <= 1.0:
         raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
-    check_expert(trainer.collector._templates if hasattr(trainer.collector, "_templates") else trainer._probe_env)
+    check_expert(trainer.collector.templates)
     tasks = trainer.train_dataset if tasks is None else tasks
     rows_in = [dict(tasks[i % len(tasks)]) for i in range(episodes)]
-    collector = _collector_for(trainer, perturb_rate, seed)
+    trainer.collector.close_pools()  # its workers (processes, Ray actors) give way; its next rollout restarts them
+    collector = _expert_collector(trainer, perturb_rate, seed)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -269,12 +260,12 @@ def collect_demonstrations(trainer, episodes: int, perturb_rate: float = 0.0, se
         for start in range(0, episodes, chunk_size):
             chunk = rows_in[start:start + chunk_size]
             batch = collector.collect(chunk, [f"warmup:{start + i}" for i in range(len(chunk))],
-                                      trajectory_prefix="warmup")
+                                      trajectory_prefix="warmup", context=RolloutContext("warmup"))
             wins = {r.trajectory_id for r in batch.trajectories if r.won}
             won += len(wins)
             failures += [r.error for r in batch.trajectories if r.failed]
             for row in batch.rows:
-                if not collector.demonstration.get((row.trajectory_id, row.turn), False):
+                if row.source != "expert":
                     perturbed += 1
                 elif not row.action_valid:
                     invalid += 1
@@ -401,4 +392,5 @@ def build_sft_trainer(trainer, dataset, stats: dict, epochs: float, learning_rat
     return SFTTrainer(model=trainer.model, args=config, train_dataset=dataset, processing_class=trainer.processing_class)
 
 
-__all__ = ["EXPERT_COMPLETION", "build_sft_trainer", "check_expert", "collect_demonstrations", "expert_warmup", "has_expert"]
+__all__ = ["EXPERT_COMPLETION", "ExpertPolicy", "build_sft_trainer", "check_expert", "collect_demonstrations",
+           "expert_warmup", "has_expert"]

@@ -90,7 +90,7 @@ class Probe:
         trainer.evaluate = tagged_evaluate
 
         trainer._generate_turn = counted_generate
-        trainer.collector.generate_fn = counted_generate
+        trainer.collector.policy.generate_fn = counted_generate
 
         collect = trainer.collector.collect
         self._last_batch = None

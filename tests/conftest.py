@@ -171,7 +171,7 @@ def bf16_trainer(tmp_path_factory, tiny_tokenizer):
         calls.append(1)
         return [tiny_tokenizer.encode(texts[(i + len(calls)) % 3]) for i in range(len(ids))], None
 
-    trainer.collector.generate_fn = policy
+    trainer.collector.policy.generate_fn = policy
     batches = capture_rollouts(trainer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1

@@ -18,6 +18,7 @@ from toy_env import LineWalkEnv
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
 from gigpo_trl.envs import TextEnv, check_env
 from gigpo_trl.envs.pool import EnvPool
+from gigpo_trl.policy import GenerationPolicy
 from gigpo_trl.rollout import RolloutCollector
 
 BASE = dict(output_dir="unused", per_device_train_batch_size=4, steps_per_generation=2, report_to="none",
@@ -295,7 +296,7 @@ def test_prompt_too_long(tmp_path, tiny_model_dir, tiny_tokenizer):
     first = len(trainer.collector.check_task({"task": 6, "seed": 0}))
     trainer.collector.max_prompt_length = first + 30  # turn 0 fits, turn 1 (+40 characters) does not
     right = tiny_tokenizer.encode("<think>x</think><action>left</action>")
-    trainer.collector.generate_fn = lambda prompt_ids: ([right] * len(prompt_ids), None)
+    trainer.collector.policy.generate_fn = lambda prompt_ids: ([right] * len(prompt_ids), None)
     batches = capture_rollouts(trainer)
     trainer.model.train()  # as inside train(): metrics go to "train"
     trainer._generate_and_score_completions([{"task": 6, "seed": 0}] * 4 + [{"task": 6, "seed": 1}] * 4)
@@ -346,10 +347,11 @@ class NanRewardEnv(LineWalkEnv):
 def test_non_finite_reward_fails_its_trajectory_with_a_clear_error(tiny_tokenizer):
     move = tiny_tokenizer.encode("<think>l</think><action>left</action>")
     collector = RolloutCollector(
-        {"default": NanRewardEnv}, generate_fn=lambda p: ([move] * len(p), None),
+        {"default": NanRewardEnv},
+        GenerationPolicy(lambda p: ([move] * len(p), None),
+                         lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True)),
         tokenize_fn=lambda msgs: tiny_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                                                    return_dict=True)["input_ids"],
-        decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True), max_turns=2,
+                                                                    return_dict=True)["input_ids"], max_turns=2,
     )
     batch = collector.collect([{"task": 5, "seed": s} for s in (0, 1, 2)], group_ids=["g"] * 3)
     ok, nan, inf = batch.trajectories

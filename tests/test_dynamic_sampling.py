@@ -21,7 +21,7 @@ def test_dynamic_sampling_replaces_flat_groups(tmp_path, tiny_model_dir, tiny_to
     trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, train_dataset=train,
                            processing_class=tiny_tokenizer)
     texts = ["<think>r</think><action>right</action>", "<think>l</think><action>left</action>"]
-    trainer.collector.generate_fn = lambda ids: ([tiny_tokenizer.encode(texts[i % 2]) for i in range(len(ids))], None)
+    trainer.collector.policy.generate_fn = lambda ids: ([tiny_tokenizer.encode(texts[i % 2]) for i in range(len(ids))], None)
     batches = capture_rollouts(trainer)
     trainer.model.train()
     out = trainer._generate_and_score_completions([{"task": 60, "seed": 0}] * 4 + [{"task": 3, "seed": 0}] * 4)
@@ -58,7 +58,7 @@ def test_dynamic_sampling_keeps_step_signal_and_reports_still_flat_groups(tmp_pa
         calls.append(len(ids))
         return [left if len(calls) == 1 and pos in (1, 3) else right for pos in range(len(ids))], None
 
-    trainer.collector.generate_fn = policy
+    trainer.collector.policy.generate_fn = policy
     batches = []  # (trajectories, (return, turns) as collected)
 
     class Recording(RolloutObserver):

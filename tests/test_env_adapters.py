@@ -416,8 +416,8 @@ def test_trl_env_advantages_hand_checked(tmp_path, tiny_model_dir, tiny_tokenize
 
     trainer = GiGPOTrainer(tiny_model_dir, env=TowerOfHanoi, args=hanoi_args(tmp_path), train_dataset=hanoi_dataset(4),
                            processing_class=tiny_tokenizer)
-    assert isinstance(trainer.collector._templates["default"], TRLToolEnv)
-    trainer.collector.generate_fn = scripted_hanoi(tiny_tokenizer, [])
+    assert isinstance(trainer.collector.templates["default"], TRLToolEnv)
+    trainer.collector.policy.generate_fn = scripted_hanoi(tiny_tokenizer, [])
     batches = capture_rollouts(trainer)
     trainer.model.train()
     inputs = [dict(row) for row in hanoi_dataset(4).select([0] * 4 + [1] * 4)]
@@ -459,7 +459,7 @@ def test_trl_env_trains_two_iterations_with_step_groups(tmp_path, tiny_model_dir
     trainer = GiGPOTrainer(tiny_model_dir, env=TowerOfHanoi, args=hanoi_args(tmp_path), train_dataset=hanoi_dataset(4),
                            processing_class=tiny_tokenizer)
     calls = []
-    trainer.collector.generate_fn = scripted_hanoi(tiny_tokenizer, calls)
+    trainer.collector.policy.generate_fn = scripted_hanoi(tiny_tokenizer, calls)
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
     trainer.train()
     assert calls == [8, 8, 8] * 2  # two iterations of 3 turns, 8 trajectories each
@@ -571,7 +571,7 @@ def test_anchor_warning_at_the_first_rollout(tmp_path, tiny_model_dir, tiny_toke
     for env, warns in ((CountingHanoi, True), (HanoiWithAnchor, False)):
         trainer = GiGPOTrainer(tiny_model_dir, env=env, args=hanoi_args(tmp_path), train_dataset=hanoi_dataset(4),
                                processing_class=tiny_tokenizer)
-        trainer.collector.generate_fn = scripted_hanoi(tiny_tokenizer, [])
+        trainer.collector.policy.generate_fn = scripted_hanoi(tiny_tokenizer, [])
         inputs = [dict(row) for row in hanoi_dataset(4).select([0] * 4 + [1] * 4)]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -598,7 +598,7 @@ def test_openenv_shaped_env_trains_through_env_argument(tmp_path, tiny_model_dir
         return [tiny_tokenizer.encode(f"<think>t</think><action>{guesses[i % 4][len(calls) - 1]}</action>")
                 for i in range(len(ids))], None
 
-    trainer.collector.generate_fn = policy
+    trainer.collector.policy.generate_fn = policy
     batch = trainer.collector.collect([dict(train[0])] * 4, [0] * 4)
     secret = random.Random(0).randint(1, 4)
     # per-step rewards: -0.1 per wrong guess, 0 for the rejected "x", 1 for the right one

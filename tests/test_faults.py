@@ -74,7 +74,7 @@ def test_model_output_of_any_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
     ]
     valid = [False, False, False, True, False, True, False, False]
     trainer = GiGPOTrainer(tiny_model_dir, env=FixedLengthEnv, args=make_args(tmp_path), processing_class=tok)
-    trainer.collector.generate_fn = lambda prompt_ids: ([scripted[i] for i in range(len(prompt_ids))], None)
+    trainer.collector.policy.generate_fn = lambda prompt_ids: ([scripted[i] for i in range(len(prompt_ids))], None)
     seen = capture(trainer)
     trainer.model.train()  # as inside train(): the "train" mode of the metrics and batch layout
     out = trainer._generate_and_score_completions(TASKS_3)
@@ -115,7 +115,7 @@ def test_model_output_of_any_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
     assert masked[4].sum() == 0 and masked[0].sum() == 0 and masked[5].sum() > 0
     trainer.mask_truncated_completions = False
     # and a full training step on such output completes with a finite loss
-    trainer.collector.generate_fn = lambda prompt_ids: ([scripted[i % 8] for i in range(len(prompt_ids))], None)
+    trainer.collector.policy.generate_fn = lambda prompt_ids: ([scripted[i % 8] for i in range(len(prompt_ids))], None)
     trainer.train()
     assert trainer.state.global_step == 1 and np.isfinite(trainer.state.log_history[0]["loss"])
     trainer.collector.close()
@@ -153,7 +153,7 @@ def test_env_faults_in_process(tmp_path, tiny_model_dir, tiny_tokenizer, monkeyp
     # position 1 = trajectory 1 raises in step, position 4 = trajectory 5 returns a NaN reward
     monkeypatch.setattr(FaultyEnv, "fail_resets", frozenset({3}))
     monkeypatch.setattr(FaultyEnv, "reset_calls", 0)
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {1: "<action>raise</action>",
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {0: {1: "<action>raise</action>",
                                                                       4: "<action>nan</action>"}})
     seen = capture(trainer)
     trainer.model.train()
@@ -168,7 +168,7 @@ def test_env_faults_in_process(tmp_path, tiny_model_dir, tiny_tokenizer, monkeyp
     assert "trajectory (0, 1) (task 3) failed: slot 1, task 3: step('raise') raised RuntimeError" in caplog.text
     assert trainer._metrics["train"]["episode/failed_rate"][-1] == pytest.approx(3 / 8)
     # the pool is still usable: the next rollout is healthy
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {})
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {})
     trainer._generate_and_score_completions(TASKS_3)
     assert not any(t.failed for t in seen[1]["batch"].trajectories)
     assert trainer._metrics["train"]["episode/failed_rate"][-1] == 0.0
@@ -187,7 +187,7 @@ def test_env_faults_in_workers_hang_and_death(tmp_path, tiny_model_dir, tiny_tok
     pool = trainer.collector.pools["default"]
     pids = pool.worker_pids()
     # generate calls: 0-2 iteration 1 (8, 4, 4 prompts), 3-5 iteration 2 (8, 8, 4 prompts)
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {5: "<action>die</action>"},
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {0: {5: "<action>die</action>"},
                                                                   4: {6: "<action>hang</action>"}})
     seen = capture(trainer)
     close_pools, final_pids = trainer.collector.close_pools, []
@@ -227,14 +227,14 @@ def test_evaluate_closes_its_pools_when_a_rollout_raises(tmp_path, tiny_model_di
             raise RuntimeError("simulated CUDA error in generate")
         return script(prompt_ids)
 
-    trainer.collector.generate_fn = failing_generate
+    trainer.collector.policy.generate_fn = failing_generate
     pool = trainer.collector.pools["default"]
     processes = [w.process for w in pool.workers.handles]
     with pytest.raises(RuntimeError, match="simulated CUDA error"):
         trainer.evaluate()
     assert pool._closed and trainer.collector.pools == {}
     assert len(processes) == 2 and not any(p.is_alive() for p in processes)  # the workers are stopped
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {})
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {})
     metrics = trainer.evaluate()
     assert metrics["eval_length_mean"] == 3.0 and metrics["eval_num_tasks"] == 4.0
     assert metrics["eval_failed_rate"] == 0.0 and metrics["eval_success_rate"] == 1.0
@@ -248,7 +248,7 @@ def test_nonfinite_return_raises_naming_the_rows_or_drops_them(tmp_path, tiny_mo
     drop_nonfinite_rows=True the same rows are zero-masked (same row count) and the other group trains as usual."""
     trainer = GiGPOTrainer(tiny_model_dir, env=FaultyEnv, args=make_args(tmp_path), processing_class=tiny_tokenizer)
     huge = {1: "<action>huge</action>"}
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: huge, 1: huge})
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {0: huge, 1: huge})
     trainer.model.train()
     with pytest.raises(ValueError) as raised:
         trainer._generate_and_score_completions(TASKS_3)
@@ -263,7 +263,7 @@ def test_nonfinite_return_raises_naming_the_rows_or_drops_them(tmp_path, tiny_mo
     assert "'1:3:1'" not in message  # the other group is finite
 
     trainer.args.drop_nonfinite_rows = True  # trajectory 4 (group 1) writes junk once: an invalid action
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {**huge, 4: "junk"}, 1: huge})
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {0: {**huge, 4: "junk"}, 1: huge})
     seen = capture(trainer)
     with caplog.at_level(logging.WARNING, logger="gigpo_trl.finite"):
         trainer._generate_and_score_completions(TASKS_3)

@@ -111,13 +111,13 @@ def test_trainer_generates_with_the_adapter_merged(tmp_path, tiny_model_dir, tin
                            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     layers = [m for m in trainer.model.modules() if isinstance(m, LoraLayer)]
     base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "base_layer" in n}
-    seen, generate = [], trainer.collector.generate_fn
+    seen, generate = [], trainer.collector.policy.generate_fn
 
     def spy(prompt_ids):
         seen.append(all(m.merged for m in layers))
         return generate(prompt_ids)
 
-    trainer.collector.generate_fn = spy
+    trainer.collector.policy.generate_fn = spy
     trainer.evaluate()
     n_eval = len(seen)
     assert n_eval >= 1 and not any(m.merged for m in layers)

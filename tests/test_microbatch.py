@@ -245,7 +245,7 @@ def test_one_sgd_step_same_update_with_budget(tmp_path, tiny_model_dir, tiny_tok
             calls.append(1)
             return [tiny_tokenizer.encode(texts[(i + len(calls)) % 3]) for i in range(len(ids))], None
 
-        trainer.collector.generate_fn = policy
+        trainer.collector.policy.generate_fn = policy
         sizes = []
         trainer.model.register_forward_pre_hook(
             lambda m, a, kw: sizes.append(kw["input_ids"].numel()) if torch.is_grad_enabled() else None,

@@ -266,6 +266,7 @@ def test_sokoban_paper_env_rewards_rendering_and_ids():
 def test_sokoban_rollout_under_verl_agent(tiny_tokenizer):
     """One user message per turn, history of id names numbered from the start, validity = projection bit."""
     from gigpo_trl.envs.verl_agent.sokoban import PaperSokobanEnv
+    from gigpo_trl.policy import GenerationPolicy
     from gigpo_trl.rollout import RolloutCollector
 
     texts = iter([T + "<action>STILL</action>", "no tags", T + "<action>right</action>", T + "<action>right</action>"])
@@ -278,8 +279,8 @@ def test_sokoban_rollout_under_verl_agent(tiny_tokenizer):
 
     policy = lambda ids: ([tiny_tokenizer.encode(next(texts)) for _ in ids], None)  # noqa: E731
     level = "# # # # # #\n# P X _ O #\n# # # # # #"
-    collector = RolloutCollector({"s": PaperSokobanEnv}, generate_fn=policy, tokenize_fn=tok,
-                                 decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True),
+    decode = lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+    collector = RolloutCollector({"s": PaperSokobanEnv}, GenerationPolicy(policy, decode), tokenize_fn=tok,
                                  max_turns=4, history_length=2)
     batch = collector.collect([{"task": level, "seed": 0}], group_ids=["g"])
     assert [r.action_valid for r in batch.rows] == [True, False, True, True]  # "still" is valid; no tags is not

@@ -369,7 +369,7 @@ def test_trainer_runs_its_envs_in_ray_actors_from_the_config(ray_local, tmp_path
     args = make_args(tmp_path, env_backend="ray", num_env_workers=2, per_device_eval_batch_size=4)
     trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
     right = tiny_tokenizer.encode("<think>x</think><action>right</action>")
-    trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
+    trainer.collector.policy.generate_fn = lambda ids: ([right] * len(ids), None)
     try:
         metrics = trainer.evaluate(datasets.Dataset.from_dict({"task": [3, 4, 6, 5], "seed": [0, 1, 0, 2]}))
         pool = next(iter(trainer.collector.pools.values()))

@@ -18,7 +18,7 @@ from toy_env import NoisyLineWalkEnv
 from gigpo_trl import GiGPOConfig, GiGPOTrainer, compute_gigpo_advantages
 from gigpo_trl.records import RECORD_FIELDS, load_records, load_settings, record_files, row_records, write_records
 from gigpo_trl.report import build_report, estimator_values, eval_label, main
-from gigpo_trl.rollout import StepRow, TrajectoryRecord
+from gigpo_trl.episodes import StepRow, TrajectoryRecord
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -37,16 +37,18 @@ def make_args(output_dir, **overrides):
 
 
 def capture_batches(trainer):
-    """(rows, advantages) handed to TRL's batch in each training rollout, in the trainer's order."""
+    """(rows, advantages) of each training rollout as the trainer computed them, in its order (a rollout observer)."""
+    from gigpo_trl.observers import RolloutObserver
+
     seen = []
-    to_batch = trainer._rows_to_batch
 
-    def wrapped(rows, advantages, counts, mode, *rest):
-        if mode == "train":
-            seen.append((list(rows), np.asarray(advantages).copy()))
-        return to_batch(rows, advantages, counts, mode, *rest)
+    class Capture(RolloutObserver):
+        def on_advantages(self, batch, result, context):
+            if context.mode == "train":
+                start, n = context.row_start, len(batch.rows)
+                seen.append((list(batch.rows), np.asarray(result.advantages[start:start + n]).copy()))
 
-    trainer._rows_to_batch = wrapped
+    trainer.add_rollout_observer(Capture())
     return seen
 
 
@@ -327,7 +329,7 @@ def test_records_file_is_gzip_json_lines(tmp_path):
 def test_recorder_is_an_observer_that_needs_only_the_config(tmp_path):
     from gigpo_trl.observers import RolloutContext
     from gigpo_trl.records import RolloutRecorder
-    from gigpo_trl.rollout import RolloutBatch
+    from gigpo_trl.episodes import RolloutBatch
 
     args = GiGPOConfig(output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none",
                        rollout_records=True, rollout_records_every=2, gamma=0.5)

@@ -6,6 +6,8 @@ import pytest
 from toy_env import LineWalkEnv
 
 from gigpo_trl.metrics import episode_metrics
+from gigpo_trl.policy import Completions, GenerationPolicy, Policy
+from gigpo_trl.episodes import Episode
 from gigpo_trl.rollout import RolloutCollector
 
 
@@ -23,14 +25,17 @@ class ScriptedPolicy:
         return out, None
 
 
-def make_collector(tokenizer, texts, env=LineWalkEnv, **kwargs):
-    policy = ScriptedPolicy(tokenizer, texts)
-    tok = lambda msgs: tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,  # noqa: E731
+def chat_tokenizer(tokenizer):
+    return lambda msgs: tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                                       return_dict=True)["input_ids"]
-    collector = RolloutCollector(
-        {"default": env}, generate_fn=policy, tokenize_fn=tok,
-        decode_fn=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), **kwargs,
-    )
+
+
+def make_collector(tokenizer, texts, env=LineWalkEnv, sync_fn=None, **kwargs):
+    """A collector whose model answers by :class:`ScriptedPolicy` (the generation policy's generate call)."""
+    policy = ScriptedPolicy(tokenizer, texts)
+    decode = lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+    collector = RolloutCollector({"default": env}, GenerationPolicy(policy, decode, sync_fn),
+                                 tokenize_fn=chat_tokenizer(tokenizer), **kwargs)
     return collector, policy
 
 
@@ -186,3 +191,37 @@ def test_each_distinct_prompt_of_a_turn_is_tokenized_once(tiny_tokenizer):
     assert sizes == [1, 2]
     assert len({tuple(r.prompt_ids) for r in batch.rows if r.turn == 0}) == 1
     assert len({tuple(r.prompt_ids) for r in batch.rows if r.turn == 1}) == 2
+
+
+class WallFollower(Policy):
+    """A scripted player that reads the episode state (no model): "left" at turn 0 from position 0, else "right"; it
+    keeps each turn it was shown and labels its completions by the history length."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.turns = tokenizer, []
+
+    def act(self, turn):
+        self.turns.append(turn)
+        moves = ["left" if turn.index == 0 and "position 0 " in ep.observation else "right" for ep in turn.episodes]
+        texts = [f"<think>t</think><action>{move}</action>" for move in moves]
+        return Completions([self.tokenizer.encode(t) for t in texts], texts,
+                           sources=[f"h{len(ep.history)}" for ep in turn.episodes])
+
+
+def test_a_policy_object_acts_on_typed_episode_states(tiny_tokenizer):
+    """Corridors of length 4 from positions 0 (seed 0) and 1 (seed 1): the player walks left once at 0 (stays at 0),
+    then right; seed 1 reaches 3 in 2 turns, seed 0 is truncated at 3 turns (0 → 0 → 1 → 2)."""
+    player = WallFollower(tiny_tokenizer)
+    collector = RolloutCollector({"default": LineWalkEnv}, player, chat_tokenizer(tiny_tokenizer), max_turns=3)
+    batch = collector.collect([{"task": 4, "seed": 0}, {"task": 4, "seed": 1}], group_ids=["g", "g"])
+    rows = [(r.trajectory_id[1], r.turn, r.action, r.source, r.reward) for r in batch.rows]
+    assert rows == [(0, 0, "left", "h0", 0.0), (1, 0, "right", "h0", 0.0), (0, 1, "right", "h1", 0.0),
+                    (1, 1, "right", "h1", 1.0), (0, 2, "right", "h2", 0.0)]
+    assert [t.won for t in batch.trajectories] == [False, True] and batch.trajectories[0].truncated
+    assert [len(t.episodes) for t in player.turns] == [2, 2, 1] and batch.num_generate_calls == 3
+    first = player.turns[0]
+    assert isinstance(first.episodes[0], Episode) and first.size == 2 and first.index == 0
+    assert first.episodes[1].admissible == ["left", "right"] and first.episodes[1].instruction.startswith("reach")
+    assert first.prompt_ids == [r.prompt_ids for r in batch.rows[:2]]  # the rows keep the prompts the player saw
+    assert batch.rows[0].completion_text == "<think>t</think><action>left</action>"
+    assert batch.rows[0].completion_ids == tiny_tokenizer.encode(batch.rows[0].completion_text)

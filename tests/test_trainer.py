@@ -85,7 +85,7 @@ def test_rollout_observer_sees_each_rollout_its_advantages_and_each_evaluation(t
         return [tiny_tokenizer.encode(f"<think>go</think><action>{words[i % 4]}</action>")
                 for i in range(len(prompt_ids))], None
 
-    trainer.collector.generate_fn = policy
+    trainer.collector.policy.generate_fn = policy
     log = _EventLog()
     trainer.add_rollout_observer(log)
     trainer.model.train()
@@ -152,7 +152,7 @@ def test_evaluate_reports_success_per_task_type(tmp_path, tiny_model_dir, tiny_t
         sizes.append(len(prompt_ids))
         return [tiny_tokenizer.encode("<think>go</think><action>right</action>")] * len(prompt_ids), None
 
-    trainer.collector.generate_fn = always_right
+    trainer.collector.policy.generate_fn = always_right
     metrics = trainer.evaluate()
     # eval split: lengths [3, 4, 5, 6] * 4, seeds 100..115, start = seed % (length - 1); success iff the
     # distance length - 1 - start fits in 4 turns.
@@ -185,7 +185,7 @@ def test_evaluate_runs_in_eval_mode_and_restores_the_mode(tmp_path, tiny_tokeniz
     tasks = datasets.Dataset.from_dict({"task": [5, 6], "seed": [0, 1]})
     args = make_args(tmp_path, disable_dropout=False, max_turns=2, per_device_eval_batch_size=2)
     trainer = GiGPOTrainer(_dropout_model(tiny_tokenizer), env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
-    generate, calls = trainer.collector.generate_fn, []
+    generate, calls = trainer.collector.policy.generate_fn, []
 
     def policy_logits(prompt):  # the policy as the generator sees it at this moment (dropout applies in train mode)
         with torch.no_grad():
@@ -195,7 +195,7 @@ def test_evaluate_runs_in_eval_mode_and_restores_the_mode(tmp_path, tiny_tokeniz
         calls.append((trainer.model.training, policy_logits(prompt_ids[0])))
         return generate(prompt_ids)
 
-    trainer.collector.generate_fn = recording
+    trainer.collector.policy.generate_fn = recording
     prompt = trainer.collector.check_task({"task": 5, "seed": 0})
     trainer.model.train()  # the test can fail: in train mode the same prompt gives other logits each time
     assert not torch.equal(policy_logits(prompt), policy_logits(prompt))
@@ -207,7 +207,7 @@ def test_evaluate_runs_in_eval_mode_and_restores_the_mode(tmp_path, tiny_tokeniz
     for (_, a), (_, b) in zip(calls[:n], calls[n:]):
         assert torch.equal(a, b), "the same weights must give the same policy in two evaluations"
     # restored also when the evaluation raises
-    trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
+    trainer.collector.policy.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
     with pytest.raises(RuntimeError, match="generation failed"):
         trainer.evaluate(tasks)
     assert trainer.model.training and trainer.generation_config.do_sample
@@ -246,7 +246,7 @@ def test_env_pools_closed_after_train_and_on_errors(tmp_path, tiny_model_dir, ti
     alive = [w.process for w in second.workers.handles]
     assert all(p.is_alive() for p in alive)
     # an error inside train() closes the pool too
-    trainer.collector.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
+    trainer.collector.policy.generate_fn = lambda ids: (_ for _ in ()).throw(RuntimeError("generation failed"))
     trainer.args.max_steps = 2
     with pytest.raises(RuntimeError, match="generation failed"):
         trainer.train()
@@ -268,7 +268,7 @@ def test_iterable_task_datasets(tmp_path, tiny_model_dir, tiny_tokenizer):
     trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=make_args(tmp_path, eval_max_tasks=3),
                            processing_class=tiny_tokenizer)
     right = tiny_tokenizer.encode("<think>go</think><action>right</action>")
-    trainer.collector.generate_fn = lambda ids: ([right] * len(ids), None)
+    trainer.collector.policy.generate_fn = lambda ids: ([right] * len(ids), None)
     # an iterable eval set is accepted: same episodes as the map-style one (the first 3 tasks)
     iterable, mapped = trainer.evaluate(tasks.to_iterable_dataset()), trainer.evaluate(tasks)
     assert iterable["eval_num_tasks"] == mapped["eval_num_tasks"] == 3.0

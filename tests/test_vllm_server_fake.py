@@ -273,7 +273,7 @@ def test_a_run_without_other_changes_syncs_once_per_step_that_generates(syncing_
         steps.append(trainer.state.global_step)
         return generate_turn(prompt_ids)
 
-    trainer.collector.generate_fn = step_recorded
+    trainer.collector.policy.generate_fn = step_recorded
     trainer.evaluate()
     trainer.train()
     trainer.evaluate()

@@ -46,7 +46,7 @@ def test_demonstration_rows_are_the_collectors_rows(tmp_path, tiny_model_dir, ti
         assert row["completion_mask"] == [0] * n_prompt + [1] * len(completion)
         env.step(expert)
     completions = iter([row["input_ids"][row["completion_mask"].index(1):] for row in data])
-    trainer.collector.generate_fn = lambda prompt_ids: ([next(completions) for _ in prompt_ids], None)
+    trainer.collector.policy.generate_fn = lambda prompt_ids: ([next(completions) for _ in prompt_ids], None)
     batch = trainer.collector.collect([dict(tasks[0])], ["g"], trajectory_prefix=0)
     assert [r.prompt_ids for r in batch.rows] == [row["input_ids"][:row["completion_mask"].index(1)] for row in data]
     assert [r.prompt_messages for r in batch.rows] == data["prompt"]
@@ -232,3 +232,26 @@ def test_expert_faults_are_the_experts_counted_and_stop_past_the_threshold(tmp_p
                                       "raised KeyError: 'expert lost its map' at turn 0")
     trainer.collector.close()
     workers.collector.close()
+
+
+@pytest.mark.ray
+def test_warm_up_with_the_ray_backend_steps_ray_actors(ray_local, tmp_path, tiny_model_dir, tiny_tokenizer):
+    """``env_backend="ray"``: the warm-up's collector comes from the trainer's factory, so the expert's episodes run
+    in Ray actors as training's do (each observation says where it was computed). Corridors of length 4 and 3 from
+    position 0: the expert ("right") wins in 3 and 2 turns."""
+    import datasets
+    from conftest import tiny_run_config
+    from toy_env import ActorReportingWalkEnv
+
+    args = tiny_run_config(tmp_path, env_backend="ray", num_env_workers=2, max_turns=4, max_completion_length=16)
+    trainer = GiGPOTrainer(tiny_model_dir, env=ActorReportingWalkEnv, args=args, processing_class=tiny_tokenizer)
+    assert [pool.backend for pool in trainer.collector.pools.values()] == ["ray"]
+    tasks = datasets.Dataset.from_dict({"task": [4, 3], "seed": [0, 0]})
+    try:
+        data, stats = collect_demonstrations(trainer, 2, tasks=tasks, progress=False)
+        assert trainer.collector.pools == {}  # the trainer's actors gave way to the warm-up's (Ray has 2 CPUs)
+    finally:
+        trainer.collector.close()
+    assert stats["rows"] == 5 and stats["success_rate"] == 1.0 and data["turn"] == [0, 0, 1, 1, 2]
+    observations = [prompt[-1]["content"] for prompt in data["prompt"]]
+    assert all("Ray actor: True." in text and "Ray actor: False." not in text for text in observations)

@@ -19,7 +19,7 @@ from gigpo_trl.envs.verl_agent.webshop import PaperWebShopEnv, load_paper_dir
 from gigpo_trl.envs.verl_agent.webshop_engine import paper_reward
 from gigpo_trl.envs.webshop import WebShopEnv
 from gigpo_trl.metrics import episode_metrics
-from gigpo_trl.rollout import TrajectoryRecord
+from gigpo_trl.episodes import TrajectoryRecord
 
 
 @pytest.fixture(autouse=True)
@@ -557,6 +557,7 @@ def test_webshop_prompt_templates_verbatim():
 def test_webshop_rollout_under_verl_agent(data_dir, tiny_tokenizer):
     """The rollout's prompts, history and validity under verl-agent, with the projection's tail fallback (the last
     20 lower-cased characters of a completion without action tags) sent to the env and acted on."""
+    from gigpo_trl.policy import GenerationPolicy
     from gigpo_trl.rollout import RolloutCollector
 
     completions = [T + "<action>Search[Travel Mug]</action>", T + "<action>click[B000000003]</action>",
@@ -573,8 +574,8 @@ def test_webshop_rollout_under_verl_agent(data_dir, tiny_tokenizer):
         return PaperWebShopEnv(data_dir=str(data_dir), split="train", nlp=NLP)
 
     gid = _mug_goal(make())
-    collector = RolloutCollector({"w": make}, generate_fn=policy, tokenize_fn=tok,
-                                 decode_fn=lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True),
+    decode = lambda ids: tiny_tokenizer.batch_decode(ids, skip_special_tokens=True)  # noqa: E731
+    collector = RolloutCollector({"w": make}, GenerationPolicy(policy, decode), tokenize_fn=tok,
                                  max_turns=4, history_length=2, max_prompt_length=100_000)
     batch = collector.collect([{"task": gid, "seed": 0}], group_ids=["g"])
     # the same actions played by hand give the pages the prompts must show

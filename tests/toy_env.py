@@ -165,3 +165,24 @@ class LostExpertEnv(FixedLengthEnv):
         if (self.task_length, self.turn) in ((2, 1), (5, 0)):
             raise KeyError("expert lost its map")
         return "wait"
+
+
+class ActorReportingWalkEnv(LineWalkEnv):
+    """LineWalkEnv with an expert (always "right") whose observations say whether they were computed inside a Ray
+    actor (the Ray warm-up test)."""
+
+    def _obs(self) -> str:
+        return super()._obs() + f" Ray actor: {_in_ray_actor()}."
+
+    def expert_action(self) -> str:
+        return "right"
+
+
+def _in_ray_actor() -> bool:
+    import sys
+
+    if "ray" not in sys.modules:  # a process that never imported Ray is no Ray actor
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None

@@ -101,7 +101,7 @@ def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=Fa
     )
     trainer = GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer)
     if accum:
-        trainer.collector.generate_fn = fixed_policy(tokenizer)
+        trainer.collector.policy.generate_fn = fixed_policy(tokenizer)
     return trainer, tokenizer
 
 

@@ -1,0 +1,104 @@
+"""The data of a rollout: one :class:`StepRow` per (episode, turn) (the design's row schema), one
+:class:`TrajectoryRecord` per episode, an :class:`Episode`'s state while it runs, and the :class:`RolloutBatch` that
+:meth:`~gigpo_trl.rollout.RolloutCollector.collect` returns. Plain dataclasses: no torch, no TRL."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepRow:
+    """One training row: the action taken by one environment at one turn (the design's row schema)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampling_logps: list[float] | None
+    group_id: Hashable
+    trajectory_id: Hashable
+    turn: int
+    anchor_state: Hashable
+    reward: float
+    done: bool
+    action_valid: bool
+    task_type: str | None = None
+    completion_text: str = ""
+    prompt_messages: list[dict] | None = None
+    next_anchor_state: Hashable = None  # anchor of the observation the action returned (GraphGPO's transition)
+    observation: Any = None  # the observation the action was taken from (for rollout records)
+    action: str | None = None  # the parsed action sent to the environment
+    source: str | None = None  # who wrote the completion, where the policy says (Completions.sources)
+
+
+def advantage_keys(rows: list[StepRow]) -> list[tuple]:
+    """What the advantage estimator reads of each row, small and picklable (gathered across ranks):
+    ``(group_id, trajectory_id, anchor_state, reward, action_valid, next_anchor_state)`` per row (HGPO's contexts
+    are derived from the anchors and the turn order; GraphGPO's graph needs the next anchors)."""
+    return [(r.group_id, r.trajectory_id, r.anchor_state, r.reward, r.action_valid, r.next_anchor_state) for r in rows]
+
+
+@dataclass
+class TrajectoryRecord:
+    """Summary of one episode: ``episode_return`` = R(τ), the sum of its rewards; ``failed`` when its
+    environment broke (``error`` says how); such a trajectory's rows are dropped. ``task_score``: the last
+    ``info["task_score"]`` the environment reported (WebShop's purchase score), None when it reports none."""
+
+    trajectory_id: Hashable
+    group_id: Hashable
+    task: Any
+    task_type: str | None
+    num_turns: int = 0
+    episode_return: float = 0.0
+    won: bool = False
+    num_invalid: int = 0
+    truncated: bool = False
+    failed: bool = False
+    error: str | None = None
+    task_score: float | None = None
+
+
+@dataclass
+class Episode:
+    """One episode's state during :meth:`RolloutCollector.collect` (what a policy reads of it).
+
+    ``key``: its environment's name; ``slot``: its index in that environment's pool; ``limit``: its turn limit;
+    ``history``: the ``(observation, action)`` pairs of its past turns (the prompt's history window);
+    ``observation`` / ``anchor``: the current observation and its anchor state; ``info``: the environment's last
+    ``info``; ``instruction`` / ``admissible``: the task's instruction and the current admissible actions (None when
+    the environment lists none); ``done``: ended (terminal, truncated or failed)."""
+
+    key: str
+    task: Any
+    seed: Any
+    record: TrajectoryRecord
+    limit: int
+    slot: int = -1
+    history: list[tuple[str, str]] = field(default_factory=list)
+    done: bool = False
+    observation: Any = None
+    anchor: Hashable = None
+    info: dict = field(default_factory=dict)
+    instruction: str = ""
+    admissible: list[str] | None = None
+
+
+@dataclass
+class RolloutBatch:
+    """What :meth:`RolloutCollector.collect` returns."""
+
+    rows: list[StepRow] = field(default_factory=list)
+    trajectories: list[TrajectoryRecord] = field(default_factory=list)
+    num_generate_calls: int = 0
+    max_prompt_tokens: int = 0
+
+    def extend(self, other: RolloutBatch) -> None:
+        """Append ``other``'s rows and trajectories (its generate calls counted, its longest prompt kept)."""
+        self.rows += other.rows
+        self.trajectories += other.trajectories
+        self.num_generate_calls += other.num_generate_calls
+        self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
+
+
+__all__ = ["Episode", "RolloutBatch", "StepRow", "TrajectoryRecord", "advantage_keys"]

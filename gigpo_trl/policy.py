@@ -1,0 +1,109 @@
+"""What acts in an episode: a policy answers one turn's live episodes with one completion each.
+
+The collector (:class:`~gigpo_trl.rollout.RolloutCollector`) builds each turn's prompts, asks its policy for the
+completions in one call, parses them into actions and steps the environments. The policy is an object behind one
+small interface (:class:`Policy`):
+
+- :class:`GenerationPolicy`: the model, through a batched generate call (the trainer's: TRL's own generation, so
+  transformers, vLLM colocate and vLLM server all work); the training and evaluation policy;
+- :class:`~gigpo_trl.warmup.ExpertPolicy`: the environment's expert, optionally perturbed (the expert warm-up);
+- a scripted player in tests.
+
+A policy reads the turn (:class:`Turn`: the episodes' typed state, their prompt messages and token ids) and returns
+:class:`Completions`: token ids, their text, and optionally the sampling log-probs and a per-completion source label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    from .episodes import Episode
+
+
+@dataclass
+class Turn:
+    """One turn of a rollout, as the policy sees it (the ``i``-th entry of each list is the ``i``-th live episode).
+
+    Attributes:
+        index: the turn t (0-based).
+        episodes: the live episodes' state (:class:`~gigpo_trl.episodes.Episode`: observation, history, admissible
+            actions, the environment's last ``info``, ...); read them, never change them.
+        messages: each episode's chat prompt.
+        prompt_ids: each prompt's token ids (chat template applied, generation prompt added).
+        size: how many prompts this call covers on every process (:meth:`Policy.turn_size`, at least
+            ``len(episodes)``); a policy whose call makes collectives pads to it.
+        filler: a prompt to pad with (the first prompt of the rollout), None until one was built.
+    """
+
+    index: int
+    episodes: list[Episode]
+    messages: list[list[dict]]
+    prompt_ids: list[list[int]]
+    size: int
+    filler: list[int] | None = None
+
+
+@dataclass
+class Completions:
+    """A policy's answer to a :class:`Turn`: one entry per live episode, in the turn's order.
+
+    Attributes:
+        ids: completion token ids (a generated completion ends with its end-of-sequence token).
+        texts: their text (the parser reads it).
+        logps: per-token sampling log-probs of ``ids`` (vLLM's importance-sampling correction), or None.
+        sources: who wrote each completion, when a policy mixes writers (the warm-up: ``"expert"`` or
+            ``"perturbed"``), copied to each row's :attr:`~gigpo_trl.episodes.StepRow.source`; None otherwise.
+    """
+
+    ids: list[list[int]]
+    texts: list[str]
+    logps: list[list[float]] | None = None
+    sources: list[str] | None = None
+
+
+class Policy:
+    """The interface of what acts in an episode: :meth:`act`, and :meth:`turn_size` where processes must agree."""
+
+    def turn_size(self, n_local: int) -> int:
+        """How many prompts this turn's :meth:`act` covers on every process, given this process's ``n_local`` live
+        episodes; 0 ends the rollout. Default ``n_local``: no agreement needed (nothing collective in :meth:`act`)."""
+        return n_local
+
+    def act(self, turn: Turn) -> Completions:
+        """One completion per live episode of ``turn``. Never raises for one episode's sake (a completion the
+        environment cannot use becomes an invalid action)."""
+        raise NotImplementedError
+
+
+class GenerationPolicy(Policy):
+    """The model as a policy: one batched generate call per turn.
+
+    Args:
+        generate_fn: ``generate_fn(prompt_ids: list[list[int]]) -> (completion_ids, logprobs or None)`` (the
+            trainer's: TRL's generation); the attribute can be replaced (tests script the model's answers).
+        decode_fn: ``decode_fn(completion_ids) -> list[str]``.
+        sync_fn: multi-process agreement ``sync_fn(local_count) -> global_max``; every process then generates
+            ``global_max`` prompts (filler prompts, whose outputs are dropped, pad the local list), so all processes
+            make the same number of generate calls of the same size (collectives inside). ``None``: one process.
+    """
+
+    def __init__(self, generate_fn: Callable, decode_fn: Callable, sync_fn: Callable[[int], int] | None = None):
+        self.generate_fn = generate_fn
+        self.decode_fn = decode_fn
+        self.sync_fn = sync_fn
+
+    def turn_size(self, n_local: int) -> int:
+        return self.sync_fn(n_local) if self.sync_fn is not None else n_local
+
+    def act(self, turn: Turn) -> Completions:
+        n = len(turn.episodes)
+        padded = turn.prompt_ids + [turn.filler or [0]] * (turn.size - len(turn.prompt_ids))
+        completion_ids, logprobs = self.generate_fn(padded)
+        ids = [list(c) for c in completion_ids[:n]]
+        return Completions(ids, self.decode_fn(ids) if n else [], None if logprobs is None else list(logprobs[:n]))
+
+
+__all__ = ["Completions", "GenerationPolicy", "Policy", "Turn"]
