@@ -515,7 +515,7 @@ def test_success_of_a_partial_reward_env(tmp_path, tiny_model_dir, tiny_tokenize
 
     trainer = GiGPOTrainer(tiny_model_dir, env=TowerOfHanoi, args=hanoi_args(tmp_path), train_dataset=hanoi_dataset(4),
                            processing_class=tiny_tokenizer)
-    trainer.collector.generate_fn = generate
+    trainer.collector.policy.generate_fn = generate
     batches = capture_rollouts(trainer)
     trainer.model.train()
     inputs = [dict(row) for row in hanoi_dataset(4).select([0] * 4 + [1] * 4)]
