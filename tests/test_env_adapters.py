@@ -502,6 +502,7 @@ def test_success_of_a_partial_reward_env(tmp_path, tiny_model_dir, tiny_tokenize
     attribute or info entry), knows a lower max_reward, or success_reward_threshold allows it; a cut episode never
     is. Formerly any reward > 0 counted: 0.5 instead of 0.25 here."""
     from gigpo_trl import GiGPOTrainer
+    from gigpo_trl.policy import GenerationPolicy
     from gigpo_trl.rollout import RolloutCollector
 
     calls = []
@@ -527,8 +528,9 @@ def test_success_of_a_partial_reward_env(tmp_path, tiny_model_dir, tiny_tokenize
     assert trainer._metrics["train"]["episode/success_rate"] == [0.25]
 
     def won(env, threshold=None):
-        collector = RolloutCollector({"default": TRLToolEnv(env)}, generate, trainer.collector.tokenize_fn,
-                                     trainer.collector.decode_fn, max_turns=3, success_threshold=threshold)
+        policy = GenerationPolicy(generate, trainer.collector.policy.decode_fn)
+        collector = RolloutCollector({"default": TRLToolEnv(env)}, policy, trainer.collector.tokenize_fn, max_turns=3,
+                                     success_threshold=threshold)
         batch = collector.collect(inputs[:4], [0] * 4)
         collector.close()
         return [t.won for t in batch.trajectories]
