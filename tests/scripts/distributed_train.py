@@ -106,12 +106,12 @@ def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=Fa
 
 
 def count_shared_forwards():
-    """Count the forwards that take the shared-prefix path, by wrapping the name token_budget calls:
+    """Count the forwards that take the shared-prefix path, by wrapping the name prefix_sharing_mixin calls:
     {grad enabled: [calls, rows in a prefix group, prefix groups, prompt tokens saved]}."""
-    import gigpo_trl.token_budget as token_budget
+    import gigpo_trl.prefix_sharing_mixin as prefix_sharing_mixin
 
     counts = {True: [0, 0, 0, 0], False: [0, 0, 0, 0]}
-    inner = token_budget.shared_prefix_logps
+    inner = prefix_sharing_mixin.shared_prefix_logps
 
     def counting(model, input_ids, attention_mask, logits_to_keep, plan, *a, **k):
         c = counts[torch.is_grad_enabled()]
@@ -121,7 +121,7 @@ def count_shared_forwards():
         c[3] += plan.saved_tokens()
         return inner(model, input_ids, attention_mask, logits_to_keep, plan, *a, **k)
 
-    token_budget.shared_prefix_logps = counting
+    prefix_sharing_mixin.shared_prefix_logps = counting
     return counts
 
 
