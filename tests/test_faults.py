@@ -308,7 +308,7 @@ def test_unsendable_env_reply_fails_its_trajectory_and_training_goes_on(tmp_path
 
     args = make_args(tmp_path, num_env_workers=2, env_step_timeout=30.0)
     trainer = GiGPOTrainer(tiny_model_dir, env=SiteFaultEnv, args=args, processing_class=tiny_tokenizer)
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {0: {1: "<action>site</action>"}})
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {0: {1: "<action>site</action>"}})
     seen = capture(trainer)
     trainer.model.train()
     trainer._generate_and_score_completions(TASKS_3)
@@ -317,7 +317,7 @@ def test_unsendable_env_reply_fails_its_trajectory_and_training_goes_on(tmp_path
         "slot 1, task 3: SiteFaultEnv returned a value the worker cannot send to the trainer (info['error']: "
         "TypeError: SiteError.__init__() missing 1 required positional argument: 'detail')")
     assert trainer._metrics["train"]["episode/failed_rate"][-1] == pytest.approx(1 / 8)
-    trainer.collector.generate_fn = ScriptByCall(tiny_tokenizer, {})  # the pool answers the next rollout in step
+    trainer.collector.policy.generate_fn = ScriptByCall(tiny_tokenizer, {})  # the pool answers the next rollout in step
     trainer._generate_and_score_completions(TASKS_3)
     assert not any(t.failed for t in seen[1]["batch"].trajectories)
     assert [t.num_turns for t in seen[1]["batch"].trajectories] == [3] * 8
