@@ -253,9 +253,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         iteration = trl_compat.rollout_position(self)[0] // self.args.steps_per_rollout + 1 if mode == "train" else None
         return RolloutContext(mode, self.accelerator.process_index, self.state.global_step, iteration, name)
 
-    def _sync_max(self, local: int) -> int:
-        value = torch.tensor([local], device=self.accelerator.device)
-        return int(self.accelerator.gather(value).max().item())
+    def _sync_max(self, local: int) -> int:  # the largest count over processes (GenerationPolicy.turn_size)
+        return int(self.accelerator.gather(torch.tensor([local], device=self.accelerator.device)).max().item())
 
     def _group_ids(self, inputs: list[dict]) -> list[str]:
         # RepeatSampler yields each task num_generations times in a row over the global generation batch, and
