@@ -182,3 +182,15 @@ def test_every_module_imports_alone_in_a_fresh_process():
     assert out.returncode == 0, out.stderr[-4000:]
     failures = json.loads(out.stdout.strip().splitlines()[-1])
     assert not failures, "\n\n".join(f"import {name} failed:\n{tb}" for name, tb in failures.items())
+
+
+MAX_LINES = 500
+
+
+def test_no_module_over_500_lines():
+    """One module, one job: a module that grows past 500 lines holds more than one concern; split it."""
+    sizes = {path.relative_to(PACKAGE.parent).as_posix(): len(path.read_text().splitlines())
+             for path in module_paths().values()}
+    assert sizes["gigpo_trl/config.py"] > 100  # the count reads the source files
+    too_long = {name: n for name, n in sorted(sizes.items()) if n > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
