@@ -13,6 +13,7 @@ from trl import GRPOConfig
 from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .advantage.settings import ESTIMATORS, EstimatorSettings, estimator_fields
 from .grpo_fields import check_unused_grpo_fields
+from .rollout_settings import check_rollout_settings
 
 _SCRUB_TOKENS: contextvars.ContextVar[bool] = contextvars.ContextVar("gigpo_scrub_tokens", default=False)
 
@@ -102,6 +103,14 @@ class GiGPOConfig(GRPOConfig):
             T, the turn limit of an episode (an environment's own smaller limit wins).
         history_length (`int`, *optional*, defaults to `2`):
             k, the number of past observation/action pairs shown in each prompt.
+        history_mode (`str` or `None`, *optional*, defaults to `None`):
+            `"window"`: each turn's prompt is re-rendered with the last `history_length` pairs (the paper's protocol);
+            `"conversation"`: an episode is one chat, each prompt the previous one's ids plus its completion's and
+            the new observation message's. `None`: the environment's `history_mode` (conversation for TRL
+            `environment_factory` and OpenEnv environments), else `"window"`.
+        conversation_max_turns (`int` or `None`, *optional*, defaults to `None`):
+            In conversation mode, the most turns one transcript holds; the next turn (or one past the prompt limit)
+            starts a new transcript from its window prompt. `None`: only the prompt limit restarts.
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             Token limit of one turn's prompt; history is dropped (oldest first) to fit, then a `ValueError`.
             `None`: the model's context length minus `max_completion_length`. With `max_completion_length` it must
@@ -270,6 +279,12 @@ class GiGPOConfig(GRPOConfig):
     history_length: int = field(
         default=2, metadata={"help": "k, the number of past observation/action pairs shown in each prompt."}
     )
+    history_mode: str | None = field(default=None, metadata={
+        "help": "'window' (last history_length pairs re-rendered) or 'conversation' (one chat per episode, prompt ids "
+                "only grow). None: the environment's history_mode, else 'window'."})
+    conversation_max_turns: int | None = field(default=None, metadata={
+        "help": "Conversation mode: the most turns one transcript holds before the next starts from its window "
+                "prompt. None: only the prompt limit restarts."})
     max_prompt_length: int | None = field(
         default=None,
         metadata={"help": "Token limit of one turn's prompt (history dropped first, then an error). None: the model's "
@@ -384,15 +399,9 @@ class GiGPOConfig(GRPOConfig):
             )
         super().__post_init__()
         self._check_estimator()
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.history_length < 0:
-            raise ValueError(f"history_length must be >= 0, got {self.history_length}")
+        check_rollout_settings(self)
         if self.invalid_action_penalty < 0:
             raise ValueError(f"invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
-        self._check_env_workers()
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be None or >= 1, got {self.max_prompt_length}")
         if self.max_dynamic_sampling_rounds < 0:
             raise ValueError(f"max_dynamic_sampling_rounds must be >= 0, got {self.max_dynamic_sampling_rounds}")
         every = self.rollout_records_every
@@ -447,28 +456,6 @@ class GiGPOConfig(GRPOConfig):
                 f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "
                 f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
                 "hierarchy_depth <= history_length, e.g. both 2)", UserWarning, stacklevel=3)
-
-    def _check_env_workers(self) -> None:
-        from .envs.pool import BACKENDS
-
-        if self.num_env_workers < 0:
-            raise ValueError(f"num_env_workers must be >= 0, got {self.num_env_workers}")
-        if self.env_backend not in BACKENDS:
-            raise ValueError(f"env_backend must be one of {list(BACKENDS)}, got {self.env_backend!r}")
-        if self.env_backend == "ray" and self.num_env_workers < 1:
-            raise ValueError(f"env_backend='ray' runs the environments in num_env_workers Ray actors; set "
-                             f"num_env_workers >= 1, got {self.num_env_workers}")
-        if self.ray_address is not None and self.env_backend != "ray":
-            raise ValueError(f"ray_address={self.ray_address!r} needs env_backend='ray', got "
-                             f"env_backend={self.env_backend!r}")
-        if self.env_step_timeout is not None and self.env_step_timeout <= 0:
-            raise ValueError(f"env_step_timeout must be None or > 0, got {self.env_step_timeout}")
-        if self.env_step_timeout is not None and self.num_env_workers == 0:
-            warnings.warn(
-                f"env_step_timeout={self.env_step_timeout} cannot apply with num_env_workers=0: in-process "
-                "environments cannot be interrupted; set num_env_workers >= 1 to enforce it",
-                UserWarning, stacklevel=3,
-            )
 
     def _check_token_budget(self) -> None:
         budget = self.max_tokens_per_microbatch

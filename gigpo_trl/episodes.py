@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only
+    from .conversation import Transcript
 
 
 @dataclass
@@ -67,7 +70,9 @@ class Episode:
     ``history``: the ``(observation, action)`` pairs of its past turns (the prompt's history window);
     ``observation`` / ``anchor``: the current observation and its anchor state; ``info``: the environment's last
     ``info``; ``instruction`` / ``admissible``: the task's instruction and the current admissible actions (None when
-    the environment lists none); ``done``: ended (terminal, truncated or failed)."""
+    the environment lists none); ``done``: ended (terminal, truncated or failed); ``transcript``: in conversation
+    mode, the chat so far (:class:`~gigpo_trl.conversation.Transcript`, whose ids are the next turn's prompt), else
+    None."""
 
     key: str
     task: Any
@@ -82,6 +87,7 @@ class Episode:
     info: dict = field(default_factory=dict)
     instruction: str = ""
     admissible: list[str] | None = None
+    transcript: Transcript | None = None
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
 
 1. build one chat prompt per active environment (instruction, last ``history_length`` observation/action
-   pairs, current observation, admissible actions) — :mod:`gigpo_trl.prompts`;
+   pairs, current observation, admissible actions) — :mod:`gigpo_trl.prompts`; in a conversation episode, the
+   previous turn's prompt and completion ids plus the new observation message — :mod:`gigpo_trl.conversation`;
 2. ask the policy (:mod:`gigpo_trl.policy`) for all active environments' completions in ONE call: the model through
    TRL's own generation (:class:`~gigpo_trl.policy.GenerationPolicy`), the environment's expert in the warm-up;
 3. parse ``<think>…</think><action>…</action>`` (or the env's ``parse_completion``) — :mod:`gigpo_trl.parsing`;
@@ -24,6 +25,7 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+from .conversation import ChatTurnIds, Transcript, observation_message, resolve_history_mode
 from .envs.base import episode_success, success_threshold
 from .envs.checker import anchor_warnings, check_anchor
 from .envs.pool import EnvPool
@@ -46,7 +48,8 @@ class RolloutCollector:
         tokenize_fn: ``tokenize_fn(messages: list[list[dict]]) -> list[list[int]]``: chat prompts to token ids
             (chat template applied, generation prompt added).
         max_turns: turn limit T (an env's own ``max_turns`` wins when smaller).
-        history_length: k, the number of past observation/action pairs shown in each prompt.
+        history_length: k, the number of past observation/action pairs shown in each prompt (window mode, and the
+            first prompt of each transcript in conversation mode).
         max_prompt_length: token limit of a prompt; history is dropped (oldest first) to fit; a prompt that still
             does not fit fails its trajectory (``ValueError`` from :meth:`check_task` at init). ``None``: no limit.
         num_env_workers / step_timeout / env_backend / ray_address: passed to each :class:`EnvPool` (as
@@ -57,6 +60,12 @@ class RolloutCollector:
         success_threshold: the last-turn reward at or above which an episode whose ``info`` reports no
             ``"won"``/``"success"`` succeeded; ``None``: each env's ``max_reward``, else 1.0
             (:func:`~gigpo_trl.envs.base.episode_success`).
+        history_mode: ``"window"`` or ``"conversation"`` (:mod:`gigpo_trl.conversation`); ``None``: each env's
+            ``history_mode`` attribute, else ``"window"``.
+        conversation_max_turns: the most turns one transcript of a conversation episode holds (``None``: no limit
+            but the prompt limit); the next turn starts a new transcript from its window prompt.
+        chat_turns: the chat template's turn ids (:class:`~gigpo_trl.conversation.ChatTurnIds`) conversation mode
+            extends prompts with; ``None``: built from ``tokenize_fn.render`` and ``tokenize_fn.stop_ids``.
         observers: :class:`~gigpo_trl.observers.RolloutObserver` s told of each batch :meth:`collect` returns
             (``on_rollout``); the list is :attr:`observers`, shared with the trainer's.
     """
@@ -78,6 +87,9 @@ class RolloutCollector:
         templates: Mapping[str, Any] | None = None,
         observers: list[RolloutObserver] | None = None,
         success_threshold: float | None = None,
+        history_mode: str | None = None,
+        conversation_max_turns: int | None = None,
+        chat_turns: ChatTurnIds | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -104,6 +116,16 @@ class RolloutCollector:
         # pools own the stepping instances.
         templates = dict(templates or {})
         self.templates = {name: templates.get(name) or factory() for name, factory in self.env_factories.items()}
+        self.history_modes = {name: resolve_history_mode(history_mode, env) for name, env in self.templates.items()}
+        if conversation_max_turns is not None and conversation_max_turns < 1:
+            raise ValueError(f"conversation_max_turns must be None or >= 1, got {conversation_max_turns}")
+        self.conversation_max_turns = conversation_max_turns
+        if chat_turns is None and "conversation" in self.history_modes.values():
+            if not hasattr(tokenize_fn, "render"):
+                raise ValueError("history_mode='conversation' needs the chat template's turn ids: pass chat_turns "
+                                 "(gigpo_trl.conversation.ChatTurnIds) or a tokenize_fn with render and stop_ids")
+            chat_turns = ChatTurnIds(tokenize_fn.render, tokenize_fn.stop_ids)
+        self.chat_turns = chat_turns
 
     def close_pools(self) -> None:
         """Stop the env pools (their worker processes); the next :meth:`collect` starts fresh ones."""
@@ -159,7 +181,27 @@ class RolloutCollector:
                               ep.admissible)
 
     def _prompts(self, episodes: list[Episode], turn: int) -> list[tuple[list[dict], list[int] | None, str | None]]:
-        """``(messages, token ids, None)`` of each episode's prompt, tokenized in one batched call; a prompt over the
+        """``(messages, token ids, error)`` of each episode's prompt: its transcript where it continues one (conversation
+        mode), else the window prompt (:meth:`_window_prompts`), which starts a new transcript in conversation mode."""
+        def continues(ep: Episode) -> bool:
+            return ep.transcript is not None and ep.transcript.fits(self.conversation_max_turns, self.max_prompt_length)
+
+        fresh = iter(self._window_prompts([ep for ep in episodes if not continues(ep)], turn))
+        out = []
+        for ep in episodes:
+            if continues(ep):
+                out.append((ep.transcript.messages, ep.transcript.ids, None))
+                continue
+            msgs, tokens, error = next(fresh)
+            ep.transcript = Transcript(msgs, tokens) if error is None and self._conversation(ep) else None
+            out.append((msgs, tokens, error))
+        return out
+
+    def _conversation(self, ep: Episode) -> bool:
+        return self.history_modes[ep.key] == "conversation"
+
+    def _window_prompts(self, episodes: list[Episode], turn: int) -> list[tuple]:
+        """``(messages, token ids, None)`` of each episode's window prompt, tokenized in one batched call; a prompt over the
         token limit is rebuilt with a shorter history window (oldest pairs dropped first). A prompt that does not
         fit even with no history is ``(messages, None, why)``: the caller decides (error at init, failed
         trajectory in the turn loop), so nothing here raises for one trajectory."""
@@ -370,10 +412,25 @@ class RolloutCollector:
             ep.history.append((str(ep.observation), action.history_action))
             ep.observation, ep.anchor, ep.info = res.observation, res.anchor, res.info
             ep.admissible = res.info.get("admissible_actions", ep.admissible)
+            if ep.transcript is not None and not done:
+                self._extend_transcript(ep, p_ids, out.ids[n], out.texts[n])
             if done:
                 ep.done = True
                 record.won = res.done and episode_success(res.info, res.reward, self._threshold(ep.key))
                 record.truncated = not res.done
+
+    def _extend_transcript(self, ep: Episode, prompt_ids: list[int], completion_ids: list[int], text: str) -> None:
+        """The next prompt of a conversation episode: this turn's prompt and completion ids and the new observation
+        as a user message (:meth:`ChatTurnIds.extend`). An env's ``observation_message`` hook that raises fails the
+        trajectory."""
+        try:
+            message = observation_message(self.templates[ep.key], ep.observation, ep.admissible)
+            ids = self.chat_turns.extend(prompt_ids, completion_ids, message)
+        except Exception as exc:  # noqa: BLE001 - one trajectory's fault ends that trajectory
+            self._fail(ep, f"observation message: {type(exc).__name__}: {exc}")
+            return
+        t = ep.transcript
+        ep.transcript = Transcript([*t.messages, {"role": "assistant", "content": text}, message], ids, t.turns + 1)
 
     def _close_trajectories(self, batch: RolloutBatch) -> RolloutBatch:
         """Drop the rows of failed trajectories: their returns are not samples of the task. On the first batch with
@@ -420,11 +477,12 @@ def build_collector(args, env_factories: Mapping[str, Callable[[], Any]], policy
     """The one factory of rollout collectors (training, evaluation, warm-up): every setting that comes from the
     run's :class:`~gigpo_trl.GiGPOConfig` ``args`` is read here (``max_turns``, ``history_length``,
     ``require_think``, ``success_reward_threshold``, ``num_env_workers``, ``env_step_timeout``, ``env_backend``,
-    ``ray_address``), so two collectors of one run cannot drift. The other arguments are :class:`RolloutCollector`'s."""
+    ``ray_address``, ``history_mode``, ``conversation_max_turns``), so two collectors of one run cannot drift. The other arguments are :class:`RolloutCollector`'s."""
     return RolloutCollector(
         env_factories, policy, tokenize_fn, max_turns=args.max_turns, history_length=args.history_length,
         max_prompt_length=max_prompt_length, num_env_workers=args.num_env_workers,
         step_timeout=args.env_step_timeout, env_backend=args.env_backend, ray_address=args.ray_address,
         progress=progress, require_think=args.require_think, templates=templates, observers=observers,
-        success_threshold=args.success_reward_threshold,
+        success_threshold=args.success_reward_threshold, history_mode=args.history_mode,
+        conversation_max_turns=args.conversation_max_turns,
     )

@@ -205,7 +205,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             policy = GenerationPolicy(self._generate_turn, decode,
                                       self._sync_max if self.accelerator.num_processes > 1 else None)
         return build_collector(self.args, env_factories or self.env_factories, policy,
-                               functools.partial(trl_compat.tokenize_prompts, self), self._prompt_limit, progress,
+                               trl_compat.ChatTemplating(self), self._prompt_limit, progress,
                                templates, self.rollout_observers)
 
     def add_rollout_observer(self, observer: RolloutObserver) -> None:

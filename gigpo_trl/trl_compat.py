@@ -27,6 +27,8 @@ TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_for
 ``GRPOTrainer._tag_names / _name / _paper``                  class     ``test_model_card_class_attributes``
 ``GRPOTrainer._generate_single_turn(ids, images, mm, n)``    call      ``test_generate_single_turn``
 ``GRPOTrainer._tokenize_prompts(prompts)``                   call      ``test_tokenize_prompts``
+``GRPOTrainer.chat_template / chat_template_kwargs``         read      ``test_tokenize_prompts``
+``GRPOTrainer.eos_token_ids``                                read      ``test_tokenize_prompts``
 ``GRPOTrainer._get_per_token_logps_and_entropies(...)``      call      ``test_per_token_logps``
 ``GRPOTrainer._get_per_token_logps_and_entropies(...)``      hook      ``test_per_token_logps_hook``
 ``GradientCheckpointingLayer._can_checkpoint_with_cache``    write     ``test_cache_under_checkpointing``
@@ -95,6 +97,30 @@ def tokenize_prompts(trainer, messages: list[list[dict]]) -> list[list[int]]:
     """Chat-template token ids of each prompt (no padding). Relies on ``_tokenize_prompts(prompts)`` returning
     ``(prompt_ids, images, multimodal_fields)`` with ``prompt_ids`` a list of int lists."""
     return trainer._tokenize_prompts(messages)[0]
+
+
+class ChatTemplating:
+    """The trainer's chat templating as the rollout collector uses it: calling it is :func:`tokenize_prompts`;
+    :meth:`render` tokenizes one chat with or without the generation prompt as ``_tokenize_prompts`` does (the
+    trainer's ``processing_class``, ``chat_template`` and ``chat_template_kwargs``); :attr:`stop_ids` are the ids TRL's
+    generation stops at. Relies on ``GRPOTrainer.chat_template``, ``chat_template_kwargs`` and ``eos_token_ids``."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def __call__(self, messages: list[list[dict]]) -> list[list[int]]:
+        return tokenize_prompts(self.trainer, messages)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        t = self.trainer
+        ids = t.processing_class.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                     tokenize=True, return_dict=False, chat_template=t.chat_template,
+                                                     **t.chat_template_kwargs)
+        return list(ids[0] if ids and isinstance(ids[0], list) else ids)  # a processor returns a batch
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return list(self.trainer.eos_token_ids)
 
 
 def per_token_logps(trainer, model, input_ids, attention_mask, logits_to_keep: int, batch_size: int | None = None):

@@ -37,6 +37,8 @@ make_args = tiny_run_config  # tests/conftest.py: 4 rollouts x 3 turns, one iter
     (dict(num_generations=3), ValueError, r"generation_batch_size \(8\) must be divisible by num_generations \(3\)"),
     (dict(num_generations=16), ValueError, r"generation_batch_size \(8\) must be divisible by num_generations \(16\)"),
     (dict(history_length=-1), ValueError, r"history_length must be >= 0, got -1"),
+    (dict(history_mode="chat"), ValueError, r"history_mode must be None or one of \[.window., .conversation.\], got .chat."),
+    (dict(conversation_max_turns=0), ValueError, r"conversation_max_turns must be None or an int >= 1, got 0"),
     (dict(max_turns=0), ValueError, r"max_turns must be >= 1, got 0"),
     (dict(gamma=1.5), ValueError, r"gamma must be in \[0, 1\], got 1.5"),
     (dict(gamma=-0.1), ValueError, r"gamma must be in \[0, 1\], got -0.1"),

@@ -474,6 +474,46 @@ def test_trl_env_trains_two_iterations_with_step_groups(tmp_path, tiny_model_dir
     assert any(not (before[k] == v).all() for k, v in trainer.model.named_parameters())
 
 
+def test_trl_env_trains_in_conversation_mode(tmp_path, tiny_model_dir, tiny_tokenizer):
+    import math
+
+    from gigpo_trl import GiGPOTrainer
+    from gigpo_trl.observers import RolloutObserver
+
+    trainer = GiGPOTrainer(tiny_model_dir, env=TowerOfHanoi, args=hanoi_args(tmp_path, max_steps=1),
+                           train_dataset=hanoi_dataset(4), processing_class=tiny_tokenizer)
+    assert trainer.collector.history_modes == {"default": "conversation"}  # the TRL adapter's default
+    trainer.collector.policy.generate_fn = scripted_hanoi(tiny_tokenizer, [])
+    batches, advantages = capture_rollouts(trainer), []
+
+    class Advantages(RolloutObserver):
+        def on_advantages(self, batch, result, context):
+            advantages.append(result)
+
+    trainer.add_rollout_observer(Advantages())
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.train()
+    rows = {(r.trajectory_id[1], r.turn): r for r in batches[0].rows}
+    assert len(rows) == 24
+    end = [tiny_tokenizer.eos_token_id]  # the scripted completions stop before <|im_end|>: the template's is added
+    for (i, t), row in rows.items():
+        if t > 0:  # the tool's result (this row's observation) comes in as a user message
+            prev, obs = rows[(i, t - 1)], tiny_tokenizer.encode(
+                f"\n<|im_start|>user\n{row.observation}<|im_end|>\n<|im_start|>assistant\n")
+            assert row.prompt_ids == prev.prompt_ids + prev.completion_ids + end + obs
+            assert len(row.prompt_ids) == len(prev.prompt_ids) + len(prev.completion_ids) + 1 + len(obs)
+    # anchors are the observations, as in window mode: the hand-checked A_E + A_S of the window test, here
+    # positions 0 and 3 of the first group at turn 0: A_E 0.375 + A_S (0.9025 - 0.5640625)
+    result = advantages[0]
+    values = [float(a) for a in result.advantages]
+    assert all(math.isfinite(a) for a in values)
+    assert values[0] == pytest.approx(0.375 + 0.9025 - 0.5640625, abs=1e-6)
+    log = next(log for log in trainer.state.log_history if "rollout/rows" in log)
+    assert log["rollout/rows"] == 24 and log["anchor/num_groups"] == 10 and math.isfinite(log["loss"])
+    assert log["episode/return_mean"] == pytest.approx(0.625)
+    assert any(not (before[k] == v).all() for k, v in trainer.model.named_parameters())
+
+
 # ------------------------------------------------------------------------------------- what counts as a success
 class JudgedHanoi(TowerOfHanoi):
     """Says itself whether the episode succeeded (a ``won`` attribute): some disk on peg 2 and none on peg 1."""

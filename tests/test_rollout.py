@@ -225,3 +225,107 @@ def test_a_policy_object_acts_on_typed_episode_states(tiny_tokenizer):
     assert first.prompt_ids == [r.prompt_ids for r in batch.rows[:2]]  # the rows keep the prompts the player saw
     assert batch.rows[0].completion_text == "<think>t</think><action>left</action>"
     assert batch.rows[0].completion_ids == tiny_tokenizer.encode(batch.rows[0].completion_text)
+
+
+# ---------------------------------------------------------------------------------------- conversation episodes
+def chat_turns(tokenizer):
+    from gigpo_trl.conversation import ChatTurnIds
+
+    render = lambda msgs, gen: tokenizer.apply_chat_template(msgs, add_generation_prompt=gen,  # noqa: E731
+                                                             tokenize=True, return_dict=False)
+    return ChatTurnIds(render, [tokenizer.eos_token_id])
+
+
+class EndsSomeTurns(Policy):
+    """Trajectory 0 answers RIGHT closed by the end-of-turn token (as a generated completion ends), the others LEFT
+    cut before it (as at max_completion_length)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def act(self, turn):
+        texts = [RIGHT if ep.record.trajectory_id[1] == 0 else LEFT for ep in turn.episodes]
+        eos = [self.tokenizer.eos_token_id]
+        ids = [self.tokenizer.encode(t) + (eos if t == RIGHT else []) for t in texts]
+        return Completions(ids, texts)
+
+
+def collect_walk(tokenizer, max_turns=4, **kwargs):
+    collector = RolloutCollector({"default": LineWalkEnv}, EndsSomeTurns(tokenizer), chat_tokenizer(tokenizer),
+                                 max_turns=max_turns, chat_turns=chat_turns(tokenizer), **kwargs)
+    rows = collector.collect([{"task": 6, "seed": 0}] * 2, group_ids=["g"] * 2).rows
+    return {(r.trajectory_id[1], r.turn): r for r in rows}
+
+
+def observation_ids(tokenizer, position):
+    """What ChatML adds after an assistant turn's <|im_end|> for the next observation, written out by hand."""
+    return tokenizer.encode(f"\n<|im_start|>user\nYou are at position {position} of a corridor of length 6.\n"
+                            "Admissible actions: 'left', 'right'<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_conversation_prompt_extends_the_previous_turn(tiny_tokenizer):
+    rows = collect_walk(tiny_tokenizer, history_mode="conversation")
+    window = collect_walk(tiny_tokenizer, history_mode="window")
+    end = [tiny_tokenizer.eos_token_id]
+    # trajectory 0 walks right 0 -> 4, trajectory 1 stays at 0 (left at the wall); 4 turns each
+    for (i, t), row in rows.items():
+        if t == 0:
+            assert row.prompt_ids == window[(i, 0)].prompt_ids  # the first prompt is the window prompt
+            continue
+        prev = rows[(i, t - 1)]
+        closing = [] if i == 0 else end  # a completion cut before <|im_end|> gets the template's one
+        assert prev.completion_ids[-1:] == (end if i == 0 else tiny_tokenizer.encode(LEFT)[-1:])
+        assert row.prompt_ids == prev.prompt_ids + prev.completion_ids + closing + observation_ids(
+            tiny_tokenizer, t if i == 0 else 0)
+        # the ids are what the chat template gives the whole conversation (nothing was re-tokenised differently)
+        assert row.prompt_ids == tiny_tokenizer.apply_chat_template(row.prompt_messages, add_generation_prompt=True,
+                                                                    tokenize=True, return_dict=False)
+    # same episodes, same anchor states, rewards and ends as in window mode: only the prompts differ
+    assert {k: (r.anchor_state, r.reward, r.done) for k, r in rows.items()} == {
+        k: (r.anchor_state, r.reward, r.done) for k, r in window.items()}
+    assert rows[(1, 3)].anchor_state == "You are at position 0 of a corridor of length 6."
+    assert len(rows[(1, 3)].prompt_ids) > len(window[(1, 3)].prompt_ids)
+
+
+def test_conversation_restarts_every_k_turns_and_at_the_prompt_limit(tiny_tokenizer):
+    window = collect_walk(tiny_tokenizer, max_turns=5, history_mode="window")
+    rows = collect_walk(tiny_tokenizer, max_turns=5, history_mode="conversation", conversation_max_turns=2)
+    for (i, t), row in rows.items():
+        if t % 2 == 0:  # turns 0, 2, 4 start a transcript: the window prompt of that turn (its last 2 pairs)
+            assert row.prompt_ids == window[(i, t)].prompt_ids
+        else:
+            prev = rows[(i, t - 1)]
+            assert row.prompt_ids[:len(prev.prompt_ids) + len(prev.completion_ids)] == (
+                prev.prompt_ids + prev.completion_ids)
+    # the prompt limit: a transcript whose next prompt would pass it restarts from that turn's window prompt
+    free = collect_walk(tiny_tokenizer, max_turns=5, history_mode="conversation")
+    limit = len(free[(1, 1)].prompt_ids)  # turn 1 fits, turn 2's transcript (longer) does not
+    assert len(free[(1, 2)].prompt_ids) > limit
+    capped = collect_walk(tiny_tokenizer, max_turns=5, history_mode="conversation", max_prompt_length=limit)
+    capped_window = collect_walk(tiny_tokenizer, max_turns=5, history_mode="window", max_prompt_length=limit)
+    assert capped[(1, 1)].prompt_ids == free[(1, 1)].prompt_ids
+    assert capped[(1, 2)].prompt_ids == capped_window[(1, 2)].prompt_ids  # with its history cut to fit, as in window
+    assert capped[(1, 3)].prompt_ids[:len(capped[(1, 2)].prompt_ids)] == capped[(1, 2)].prompt_ids
+    assert all(len(r.prompt_ids) <= limit for r in capped.values())
+
+
+def test_history_mode_resolution(tiny_tokenizer):
+    from gigpo_trl.conversation import resolve_history_mode
+    from gigpo_trl.envs.trl_tools import TRLToolEnv
+
+    class Chatty(LineWalkEnv):
+        history_mode = "conversation"
+
+    assert resolve_history_mode(None, LineWalkEnv()) == "window"
+    assert resolve_history_mode(None, Chatty()) == "conversation"
+    assert resolve_history_mode("window", Chatty()) == "window"
+    assert TRLToolEnv.history_mode == "conversation"
+    with pytest.raises(ValueError, match=r"Chatty.history_mode must be one of \['window', 'conversation'\], got 'x'"):
+        Chatty.history_mode = "x"
+        resolve_history_mode(None, Chatty())
+    with pytest.raises(ValueError, match="needs the chat template's turn ids"):
+        RolloutCollector({"default": LineWalkEnv}, EndsSomeTurns(tiny_tokenizer), chat_tokenizer(tiny_tokenizer),
+                         max_turns=2, history_mode="conversation")
+    with pytest.raises(ValueError, match="conversation_max_turns must be None or >= 1, got 0"):
+        RolloutCollector({"default": LineWalkEnv}, EndsSomeTurns(tiny_tokenizer), chat_tokenizer(tiny_tokenizer),
+                         max_turns=2, conversation_max_turns=0)

@@ -159,6 +159,13 @@ def test_tokenize_prompts(trainer, tiny_tokenizer):
         expected = [tiny_tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in messages]
         expected = [e["input_ids"] if isinstance(e, dict) or hasattr(e, "keys") else e for e in expected]
         assert [list(map(int, i)) for i in ids] == [list(e) for e in expected]
+    with contract("GRPOTrainer.chat_template / chat_template_kwargs / eos_token_ids"):
+        chat = trl_compat.ChatTemplating(trainer)
+        assert chat(messages) == ids
+        assert chat.render(messages[0], True) == list(expected[0])
+        # without the generation prompt: the user turn alone, ending "<|im_end|>\n"
+        assert chat.render(messages[0], False) == list(expected[0])[:-len(tiny_tokenizer.encode("<|im_start|>assistant\n"))]
+        assert chat.stop_ids == [tiny_tokenizer.eos_token_id]
 
 
 def test_per_token_logps(trainer):

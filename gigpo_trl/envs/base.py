@@ -88,6 +88,10 @@ class TextEnv:
             when smaller.
         max_reward (`float` or `None`): the reward of a fully successful episode's last turn, where known: the
             default success threshold of an environment whose ``info`` reports no ``"won"``/``"success"``.
+        history_mode (`str` or `None`): how its prompts show the past when ``GiGPOConfig.history_mode`` is None:
+            ``"window"`` (the default) or ``"conversation"`` (:mod:`gigpo_trl.conversation`; the TRL and OpenEnv
+            adapters' choice). An optional ``observation_message(observation, admissible_actions) -> dict`` method
+            writes the user message a conversation episode appends for a new observation.
     """
 
     name: str = "env"
@@ -96,6 +100,7 @@ class TextEnv:
     invalid_action: str = "<invalid>"
     max_turns: int | None = None
     max_reward: float | None = None
+    history_mode: str | None = None
 
     def reset(self, task: Any, seed: int | None = None) -> tuple[Any, dict]:
         """Start an episode of ``task`` (a value of the task dataset's ``task`` column) with ``seed``.

@@ -18,6 +18,8 @@ methods.
 - the observation text is ``obs_to_text(observation)`` (default :func:`observation_text`); the reward of a step is
   ``observation.reward`` (``None`` counts 0), so per-step rewards are kept; the episode ends at ``observation.done``
   or the turn limit.
+- history: an episode is one chat (``history_mode="conversation"``, :mod:`gigpo_trl.conversation`) unless
+  ``GiGPOConfig.history_mode`` says otherwise.
 - anchor state (GiGPO Sec. 3.2): the environment's optional ``anchor_state()`` (no arguments, a hashable key of the
   current state), else the observation text; a rejected action keeps the previous anchor (with the error appended).
   A cumulative transcript (TextArena's observations, for one) is a poor anchor: only identical histories would
@@ -120,6 +122,8 @@ class OpenEnvEnv(TextEnv):
         TypeError: no ``action_builder`` was given and ``step`` has no pydantic ``Action`` type hint; ``reset``/``step``
             return something without ``done``/``reward``.
     """
+
+    history_mode = "conversation"  # one chat per episode, as a TRL user expects (GiGPOConfig.history_mode=None)
 
     def __init__(
         self,

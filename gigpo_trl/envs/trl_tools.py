@@ -22,6 +22,9 @@ optional ``get_reward()`` scores the finished episode. :class:`TRLToolEnv` turns
   ``done`` attribute, or at the turn limit (truncation). ``get_reward()`` is called once, then, and is the reward of the
   last step; every other step has reward 0 (TRL has no per-step reward). Async tools and ``get_reward`` are run
   with ``asyncio.run``.
+- history: an episode is one chat, as under TRL (``history_mode="conversation"``, :mod:`gigpo_trl.conversation`):
+  each turn's prompt is the previous one plus the completion and the tool's result as a user message, unless
+  ``GiGPOConfig.history_mode`` says otherwise.
 - anchor state (GiGPO Sec. 3.2): the env's optional ``anchor_state()`` (no arguments; return a hashable key of the
   current state), else the observation text. A step that failed keeps the previous anchor (with the error text
   appended), since the state did not change. Caution: under TRL itself a public ``anchor_state`` method would also be
@@ -187,6 +190,7 @@ class TRLToolEnv(TextEnv):
     """
 
     reset_receives_row = True  # reset(task=the whole dataset row, seed), like TRL's reset(**row)
+    history_mode = "conversation"  # one chat per episode, as under TRL (GiGPOConfig.history_mode=None)
     prompt_template = TOOL_PROMPT_TEMPLATE
     invalid_action = FINISH  # check_env's probe step: a turn without a tool call, which ends the episode
 
