@@ -33,6 +33,9 @@ class StepRow:
     observation: Any = None  # the observation the action was taken from (for rollout records)
     action: str | None = None  # the parsed action sent to the environment
     source: str | None = None  # who wrote the completion, where the policy says (Completions.sources)
+    # Conversation mode: the turn that started this row's transcript (None in window mode). The rows of a trajectory
+    # with one transcript_start form a chain: each row's prompt + completion ids are a prefix of the next one's prompt.
+    transcript_start: int | None = None
 
 
 def advantage_keys(rows: list[StepRow]) -> list[tuple]:

@@ -403,6 +403,7 @@ class RolloutCollector:
                 done=done, action_valid=valid, task_type=record.task_type, completion_text=out.texts[n],
                 prompt_messages=messages, next_anchor_state=res.anchor, observation=ep.observation,
                 action=action.action, source=source,
+                transcript_start=None if ep.transcript is None else turn - ep.transcript.turns,
             ))
             record.num_turns += 1
             record.episode_return += float(res.reward)

@@ -284,6 +284,7 @@ def test_conversation_prompt_extends_the_previous_turn(tiny_tokenizer):
     assert {k: (r.anchor_state, r.reward, r.done) for k, r in rows.items()} == {
         k: (r.anchor_state, r.reward, r.done) for k, r in window.items()}
     assert rows[(1, 3)].anchor_state == "You are at position 0 of a corridor of length 6."
+    assert [r.transcript_start for r in rows.values()] == [0] * 8 and window[(0, 1)].transcript_start is None
     assert len(rows[(1, 3)].prompt_ids) > len(window[(1, 3)].prompt_ids)
 
 
@@ -297,6 +298,7 @@ def test_conversation_restarts_every_k_turns_and_at_the_prompt_limit(tiny_tokeni
             prev = rows[(i, t - 1)]
             assert row.prompt_ids[:len(prev.prompt_ids) + len(prev.completion_ids)] == (
                 prev.prompt_ids + prev.completion_ids)
+    assert [rows[(0, t)].transcript_start for t in range(5)] == [0, 0, 2, 2, 4]
     # the prompt limit: a transcript whose next prompt would pass it restarts from that turn's window prompt
     free = collect_walk(tiny_tokenizer, max_turns=5, history_mode="conversation")
     limit = len(free[(1, 1)].prompt_ids)  # turn 1 fits, turn 2's transcript (longer) does not
