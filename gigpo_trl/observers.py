@@ -1,4 +1,4 @@
-"""Rollout observers: hooks that see every rollout and every advantage computation, in the spirit of TRL's
+"""Rollout observers: hooks that see every rollout, every advantage computation and every training batch, in the spirit of TRL's
 ``TrainerCallback`` (they observe; they never change what they are given).
 
 Subclass :class:`RolloutObserver`, override the events you need, and register it::
@@ -20,6 +20,8 @@ Events, in the order of one training iteration:
   which), this process's episodes only;
 - :meth:`RolloutObserver.on_advantages`: after the trainer computed the advantages of a rollout (after dynamic
   sampling), with this process's final batch and the estimator's result over all processes' rows;
+- :meth:`RolloutObserver.on_batch`: right after ``on_advantages``, with TRL's batch dict that the trainer returns
+  for this rollout (the tensors TRL's loss is computed from);
 - :meth:`RolloutObserver.on_evaluation`: at the end of each ``evaluate()`` call, this process's episodes of it in
   one batch.
 
@@ -80,6 +82,15 @@ class RolloutObserver:
         process's rows at ``[context.row_start : context.row_start + len(batch.rows)]``), or None when no process
         has a row."""
 
+    def on_batch(self, batch: RolloutBatch, trl_batch: dict[str, Any], context: RolloutContext) -> None:
+        """TRL's batch dict for ``batch``, as the trainer returns it from ``_generate_and_score_completions`` (once
+        per rollout, right after :meth:`on_advantages`, same ``context``): ``prompt_ids`` (N, P), ``completion_ids``
+        (N, C), their masks, ``advantages`` (N,), ``real_row_mask`` (N,) and the scored log-probs. Its first
+        ``len(batch.rows)`` rows are ``batch.rows`` in order; the rest are zero-mask filler; a row the trainer
+        dropped (a non-finite advantage with ``drop_nonfinite_rows``) has an all-zero ``completion_mask`` and a zero
+        advantage. In training, TRL then shuffles the rows and splits them into ``steps_per_generation``
+        micro-batches: the loss receives exactly these values. Read it, never modify it."""
+
     def on_evaluation(self, batch: RolloutBatch, context: RolloutContext) -> None:
         """At the end of one ``evaluate()`` call (``context.name``): this process's episodes of it, in one batch."""
 
@@ -90,4 +101,11 @@ def notify(observers: Iterable[RolloutObserver], event: str, *args: Any) -> None
         getattr(observer, event)(*args)
 
 
-__all__ = ["MODES", "RolloutContext", "RolloutObserver", "notify"]
+def notify_scored(observers: Iterable[RolloutObserver], batch: RolloutBatch, result: Any, trl_batch: dict[str, Any],
+                  context: RolloutContext) -> None:
+    """The events of a scored rollout, in order: ``on_advantages`` on each observer, then ``on_batch`` on each."""
+    notify(observers, "on_advantages", batch, result, context)
+    notify(observers, "on_batch", batch, trl_batch, context)
+
+
+__all__ = ["MODES", "RolloutContext", "RolloutObserver", "notify", "notify_scored"]

@@ -56,7 +56,7 @@ from .grad_accumulation import DeepSpeedStepGuard, is_on_policy_micro_step
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import advantage_metrics, completion_metrics, episode_metrics
 from .models import disable_attention_dropout
-from .observers import RolloutContext, RolloutObserver, notify
+from .observers import RolloutContext, RolloutObserver, notify, notify_scored
 from .policy import GenerationPolicy, Policy
 from .positions import install_mask_positions
 from .prompts import max_prompt_length
@@ -296,7 +296,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         t_adv = time.perf_counter() - t1
 
         output = self._rows_to_batch(rows, advantages, counts, mode, keep)
-        notify(self.rollout_observers, "on_advantages", batch, result, replace(context, row_start=start))
+        notify_scored(self.rollout_observers, batch, result, output, replace(context, row_start=start))
         self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
         return output
 

@@ -16,6 +16,7 @@ from conftest import tiny_run_config
 from toy_env import FaultyEnv, FixedLengthEnv
 
 from gigpo_trl import GiGPOTrainer, compute_gigpo_advantages
+from gigpo_trl.observers import RolloutObserver
 
 MAX_COMPLETION = 12
 WAIT = "<think>w</think><action>wait</action>"
@@ -33,23 +34,19 @@ def expected_advantages(rows, penalty=0.1):
     ).advantages
 
 
+class _Capture(RolloutObserver):
+    def __init__(self):
+        self.seen = []
+
+    def on_batch(self, batch, trl_batch, context):
+        self.seen.append({"batch": batch, "out": trl_batch})
+
+
 def capture(trainer):
-    """Record (rollout batch, trainer output) of every generation."""
-    seen = []
-    collect, score = trainer.collector.collect, trainer._generate_and_score_completions
-
-    def wrapped_collect(*args, **kwargs):
-        seen.append({"batch": collect(*args, **kwargs)})
-        return seen[-1]["batch"]
-
-    def wrapped_score(inputs):
-        out = score(inputs)
-        seen[-1]["out"] = out
-        return out
-
-    trainer.collector.collect = wrapped_collect
-    trainer._generate_and_score_completions = wrapped_score
-    return seen
+    """Record (rollout batch, trainer output) of every generation from now on (a rollout observer's on_batch)."""
+    observer = _Capture()
+    trainer.add_rollout_observer(observer)
+    return observer.seen
 
 
 TASKS_3 = [{"task": 3, "seed": 0}] * 4 + [{"task": 3, "seed": 1}] * 4  # two groups of 4, 3 turns each

@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 
 from gigpo_trl import GiGPOTrainer
 from gigpo_trl.config import scrubbed_tokens
+from gigpo_trl.observers import RolloutObserver
 
 
 # Three iterations, a checkpoint after each; output_dir is the folder given (no 'out' below it).
@@ -32,26 +33,22 @@ class StopAt(TrainerCallback):
         return control
 
 
+class _Record(RolloutObserver):
+    def __init__(self):
+        self.log = []
+
+    def on_batch(self, batch, trl_batch, context):
+        rows = batch.rows  # an episode's group id names its task, its seed and its group's place in the sampler
+        self.log.append({"step": context.global_step, "tasks": [t.group_id for t in batch.trajectories],
+                         "rewards": [r.reward for r in rows], "completions": [r.completion_ids for r in rows],
+                         "advantages": trl_batch["advantages"].detach().clone()})
+
+
 def record(trainer):
-    """Wrap the collector and the advantage output: one entry per generation (rollout) of the run."""
-    log = []
-    collect = trainer.collector.collect
-    score = trainer._generate_and_score_completions
-
-    def wrapped_collect(inputs, *args, **kwargs):
-        batch = collect(inputs, *args, **kwargs)
-        log.append({"step": trainer.state.global_step, "tasks": [(x["task"], x["seed"]) for x in inputs],
-                    "rewards": [r.reward for r in batch.rows], "completions": [r.completion_ids for r in batch.rows]})
-        return batch
-
-    def wrapped_score(inputs):
-        out = score(inputs)
-        log[-1]["advantages"] = out["advantages"].detach().clone()
-        return out
-
-    trainer.collector.collect = wrapped_collect
-    trainer._generate_and_score_completions = wrapped_score
-    return log
+    """One entry per generation (rollout) of the run from now on (a rollout observer's on_batch)."""
+    observer = _Record()
+    trainer.add_rollout_observer(observer)
+    return observer.log
 
 
 def weights(model):

@@ -58,7 +58,8 @@ def test_advantages_equal_estimator_on_same_rows(tmp_path, tiny_model_dir, tiny_
 
 
 class _EventLog:
-    """A rollout observer that keeps every event: (event, mode, iteration, name, row_start, batch[, result])."""
+    """A rollout observer that keeps every event: (event, mode, iteration, name, row_start, batch[, result or TRL's
+    batch dict])."""
 
     def __init__(self):
         self.events = []
@@ -69,6 +70,10 @@ class _EventLog:
     def on_advantages(self, batch, result, context):
         self.events.append(("advantages", context.mode, context.iteration, context.name, context.row_start, batch,
                             result))
+
+    def on_batch(self, batch, trl_batch, context):
+        self.events.append(("batch", context.mode, context.iteration, context.name, context.row_start, batch,
+                            trl_batch))
 
     def on_evaluation(self, batch, context):
         self.events.append(("evaluation", context.mode, context.iteration, context.name, context.row_start, batch))
@@ -94,19 +99,59 @@ def test_rollout_observer_sees_each_rollout_its_advantages_and_each_evaluation(t
     trainer.evaluate(metric_key_prefix="eval_before")
     kinds = [e[:5] for e in log.events]
     assert kinds == [("rollout", "train", 3, None, 0), ("advantages", "train", 3, None, 0),
-                     ("rollout", "eval", None, "eval_before", 0), ("rollout", "eval", None, "eval_before", 0),
+                     ("batch", "train", 3, None, 0), ("rollout", "eval", None, "eval_before", 0), ("rollout", "eval", None, "eval_before", 0),
                      ("evaluation", "eval", None, "eval_before", 0)]
     train_batch, (_, _, _, _, _, adv_batch, result) = log.events[0][5], log.events[1]
     assert adv_batch is train_batch and len(train_batch.trajectories) == 4
+    assert log.events[2][5] is train_batch and log.events[2][6] is out  # on_batch: the dict TRL receives
     n = len(train_batch.rows)
     assert n == sum(t.num_turns for t in train_batch.trajectories) and len(result.advantages) == n
     torch.testing.assert_close(out["advantages"][:n], torch.tensor(result.advantages, dtype=torch.float32))
     # the evaluation's batch is its two chunks of 2 episodes, in order (eval split: tasks 3, 4, 5, 6)
-    chunks, whole = [log.events[2][5], log.events[3][5]], log.events[4][5]
+    chunks, whole = [log.events[3][5], log.events[4][5]], log.events[5][5]
     assert [t.task for t in whole.trajectories] == [3, 4, 5, 6]
     assert whole.trajectories == chunks[0].trajectories + chunks[1].trajectories
     assert whole.rows == chunks[0].rows + chunks[1].rows
     assert whole.num_generate_calls == chunks[0].num_generate_calls + chunks[1].num_generate_calls
+
+
+class _LossInputs(GiGPOTrainer):
+    """Keeps the advantages of every micro-batch TRL's ``compute_loss`` receives (a subclass, as a user would)."""
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        self.loss_advantages.append(inputs["advantages"].detach().clone())
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+def test_on_batch_gives_the_advantages_the_loss_receives(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """One generation of 8 episodes (2 groups of 4), split by TRL into 2 micro-batches for optimizer steps 1 and 2:
+    on_batch comes after on_rollout and on_advantages, and its advantages are the estimator's per row, zero on
+    filler, and exactly the values the two micro-batches of the loss hold (after TRL's shuffle)."""
+    args = make_args(tmp_path, max_steps=2, step_advantage_weight=1.0, advantage_mode="mean_norm")
+    trainer = _LossInputs(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
+    trainer.loss_advantages = []
+    log = _EventLog()
+    trainer.add_rollout_observer(log)
+    trainer.train()
+    assert [e[:3] for e in log.events] == [("rollout", "train", 1), ("advantages", "train", 1), ("batch", "train", 1)]
+    batch, result, trl_batch = log.events[0][5], log.events[1][6], log.events[2][6]
+    rows = batch.rows
+    n, advantages = len(rows), trl_batch["advantages"]
+    assert log.events[2][5] is batch and n == sum(t.num_turns for t in batch.trajectories)
+    expected = compute_gigpo_advantages(
+        rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
+        trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
+        action_valid=np.array([r.action_valid for r in rows]), gamma=0.95, step_advantage_weight=1.0,
+        mode="mean_norm", invalid_action_penalty=0.1,
+    ).advantages
+    np.testing.assert_allclose(result.advantages, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(advantages[:n], torch.tensor(expected, dtype=torch.float32))
+    assert advantages[n:].abs().sum() == 0 and advantages.shape[0] % 2 == 0 and advantages.abs().max() > 0.1
+    # TRL's loss: two micro-batches of half the rows each, together the same values (rows shuffled)
+    received = trainer.loss_advantages
+    assert [a.shape[0] for a in received] == [advantages.shape[0] // 2] * 2
+    torch.testing.assert_close(torch.cat(received).sort().values, advantages.sort().values, rtol=0, atol=0)
+    trainer.collector.close()
 
 
 def _weights(model):
