@@ -78,6 +78,7 @@ def child(turns: int, budget: int | None, steps: int) -> dict:
     from transformers import TrainerCallback
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
+    from gigpo_trl.observers import RolloutObserver
     from tiny_models import build_tiny_model, build_tiny_tokenizer
 
     class TextRewardEnv(FixedLengthEnv):  # exactly `task` turns; rewards vary with the completion: advantages != 0
@@ -101,15 +102,13 @@ def child(turns: int, budget: int | None, steps: int) -> dict:
         encoded = [tokenizer.encode(t) for t in TEXTS]
         trainer.collector.policy.generate_fn = lambda ids: ([encoded[i % 3] for i in range(len(ids))], None)
         tokens, rows, sizes, marks = [], [], [], []
-        collect = trainer.collector.collect
 
-        def counting(*a, **k):
-            batch = collect(*a, **k)
-            tokens.append(sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rows))
-            rows.append(len(batch.rows))
-            return batch
+        class Counting(RolloutObserver):  # every batch the collector returns: its tokens and rows
+            def on_rollout(self, batch, context):
+                tokens.append(sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rows))
+                rows.append(len(batch.rows))
 
-        trainer.collector.collect = counting
+        trainer.add_rollout_observer(Counting())
         trainer.model.register_forward_pre_hook(
             lambda m, a, kw: sizes.append(kw["input_ids"].numel()) if torch.is_grad_enabled() else None,
             with_kwargs=True)

@@ -153,6 +153,7 @@ def finding_1(calls: int, think: int) -> None:
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
+    from gigpo_trl.observers import RolloutObserver
 
     print("\n=== Finding 1: SmolLM2-135M-Instruct's own chat template: TRL refuses it, GiGPO trains with it")
     model, tokenizer = load("own")
@@ -182,13 +183,12 @@ def finding_1(calls: int, think: int) -> None:
                            peft_config=lora())
     trainer._generate_single_turn = scripted_player(tokenizer, calls, think)
     batches = []
-    collect = trainer.collector.collect
 
-    def collecting(*a, **k):
-        batches.append(collect(*a, **k))
-        return batches[-1]
+    class Collecting(RolloutObserver):  # every batch the collector returns
+        def on_rollout(self, batch, context):
+            batches.append(batch)
 
-    trainer.collector.collect = collecting
+    trainer.add_rollout_observer(Collecting())
     start = time.perf_counter()
     trainer.train()
     log = next(h for h in trainer.state.log_history if "loss" in h)
