@@ -13,6 +13,15 @@ from gigpo_trl.advantage import EstimatorSettings
 make_args = tiny_train_config  # tests/conftest.py
 
 
+def _reference_advantages(rows) -> np.ndarray:
+    """GiGPO's advantages of ``rows`` straight from the estimator (ω = 1, γ = 0.95, mean_norm, penalty 0.1)."""
+    return compute_gigpo_advantages(
+        rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
+        trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
+        action_valid=np.array([r.action_valid for r in rows]), gamma=0.95, step_advantage_weight=1.0,
+        mode="mean_norm", invalid_action_penalty=0.1,
+    ).advantages
+
 def test_config_builds_the_estimator_settings(tmp_path):
     args = make_args(tmp_path, gamma=0.5, advantage_mode="mean_std_norm", anchor_similarity_threshold=0.8,
                      invalid_action_penalty=0.2, steps_per_generation=2, num_iterations=3)
@@ -30,12 +39,7 @@ def test_advantages_equal_estimator_on_same_rows(tmp_path, tiny_model_dir, tiny_
     out = trainer._generate_and_score_completions(inputs)
     rows = batches[0].rows
     assert len(rows) == sum(t.num_turns for t in batches[0].trajectories)
-    expected = compute_gigpo_advantages(
-        rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
-        trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
-        action_valid=np.array([r.action_valid for r in rows]), gamma=0.95, step_advantage_weight=1.0,
-        mode="mean_norm", invalid_action_penalty=0.1,
-    ).advantages
+    expected = _reference_advantages(rows)
     n = len(rows)
     torch.testing.assert_close(out["advantages"][:n], torch.tensor(expected, dtype=torch.float32))
     # the two groups are told apart (4 rollouts each), the first observations of a group are identical
@@ -138,12 +142,7 @@ def test_on_batch_gives_the_advantages_the_loss_receives(tmp_path, tiny_model_di
     rows = batch.rows
     n, advantages = len(rows), trl_batch["advantages"]
     assert log.events[2][5] is batch and n == sum(t.num_turns for t in batch.trajectories)
-    expected = compute_gigpo_advantages(
-        rewards=np.array([r.reward for r in rows]), group_ids=[r.group_id for r in rows],
-        trajectory_ids=[r.trajectory_id for r in rows], anchor_states=[r.anchor_state for r in rows],
-        action_valid=np.array([r.action_valid for r in rows]), gamma=0.95, step_advantage_weight=1.0,
-        mode="mean_norm", invalid_action_penalty=0.1,
-    ).advantages
+    expected = _reference_advantages(rows)
     np.testing.assert_allclose(result.advantages, expected, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(advantages[:n], torch.tensor(expected, dtype=torch.float32))
     assert advantages[n:].abs().sum() == 0 and advantages.shape[0] % 2 == 0 and advantages.abs().max() > 0.1
