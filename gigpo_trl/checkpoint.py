@@ -9,8 +9,8 @@ Three things on top of TRL/Trainer's own checkpointing:
   (:func:`check_checkpoint_world_size`).
 - **token scrub**: the config file that Trainer writes (``training_args.bin``) and pushes carries no Hub token
   (:func:`gigpo_trl.config.scrubbed_tokens`), while the live config keeps it.
-- **model card**: TRL's and PEFT's cards name the base model by its Hub id, not a local cache path
-  (:func:`gigpo_trl.models.hub_model_id`).
+- **base model's name**: TRL's and PEFT's cards and the saved adapter's ``adapter_config.json`` name the base model
+  by its Hub id, not a local cache path (:func:`gigpo_trl.models.hub_model_id`).
 
 The overridden hooks (``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``, ``_load_optimizer_and_scheduler``)
 are TRL/Trainer private methods, listed with their contract tests in :mod:`gigpo_trl.trl_compat`.
@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
+import warnings
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -49,13 +51,17 @@ def check_checkpoint_world_size(checkpoint: str, world_size: int) -> None:
 
 @contextlib.contextmanager
 def card_names_hub_base_model(model):
-    """While the block runs, ``model`` (unwrapped from accelerate; a PEFT model or a transformers model) and its
-    config name the base model by its Hub id (:func:`gigpo_trl.models.hub_model_id`) instead of a local path; both
-    names are restored afterwards, also when the block raises. No effect when the local name has no known Hub id.
+    """While the block runs, ``model`` (unwrapped from accelerate; a PEFT model or a transformers model), its config
+    and its PEFT adapters' configs name the base model by its Hub id (:func:`gigpo_trl.models.hub_model_id`) instead
+    of a local path; every name is restored afterwards, also when the block raises. No effect when the local name
+    has no known Hub id (a local folder of unknown origin keeps its path).
 
     TRL's card (``create_model_card``, also written with every checkpoint) and PEFT's (written by ``save_model``)
-    name the base model after the model's ``name_or_path`` / its config's ``_name_or_path``; for the default model
-    that is its cached local conversion, which TRL writes as "[None]" and PEFT as a local path."""
+    name the base model after the model's ``name_or_path`` / its config's ``_name_or_path``, and PEFT's
+    ``adapter_config.json`` after ``base_model_name_or_path``; for the default model that is its cached local
+    conversion, which exists on the training machine only (``AutoPeftModelForCausalLM`` could not load the adapter
+    elsewhere; TRL's card would say "[None]")."""
+    adapters = list(getattr(model, "peft_config", {}).values())  # read before unwrapping: PEFT models only
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the transformers model
     config = getattr(model, "config", None)
     local = trl_compat.config_name_or_path(config) if config is not None else None
@@ -64,13 +70,23 @@ def card_names_hub_base_model(model):
         yield
         return
     saved = model.name_or_path
+    renamed = [(adapter, adapter.base_model_name_or_path) for adapter in adapters
+               if adapter.base_model_name_or_path in (local, saved)]
     trl_compat.set_config_name_or_path(config, hub_id)
     model.name_or_path = hub_id
+    for adapter, _ in renamed:
+        adapter.base_model_name_or_path = hub_id
     try:
-        yield
+        with warnings.catch_warnings():
+            # Offline, PEFT cannot read the Hub id's config to compare vocabularies and says so on every save; the
+            # local folder it was loaded from is a copy of that model, the vocabulary is unchanged.
+            warnings.filterwarnings("ignore", message=f"Could not find a config file in {re.escape(hub_id)}")
+            yield
     finally:
         trl_compat.set_config_name_or_path(config, local)
         model.name_or_path = saved
+        for adapter, name in renamed:
+            adapter.base_model_name_or_path = name
 
 
 class CheckpointMixin:

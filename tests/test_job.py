@@ -40,6 +40,8 @@ def test_job_saves_everything_then_reports_failed_push(tmp_path, tiny_model_dir,
     rate = results["after"]["success_rate"]
     assert rate * 3 == pytest.approx(round(rate * 3)) and "success_rate/4x4" in results["after"]  # won of 3 tasks
     assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
+    # a local folder of unknown Hub origin: the adapter names the folder it was given
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == tiny_model_dir
     card = (out / "README.md").read_text()
     # a local folder of unknown Hub origin: named in the text, never as base_model metadata
     assert "base_model:" not in card and f"LoRA adapter for a local model (`{Path(tiny_model_dir).name}`)" in card
@@ -172,7 +174,8 @@ def test_eval_only_evaluates_a_saved_adapter_from_a_folder(tmp_path, tiny_model_
 
 
 def test_trainer_cards_name_the_default_models_hub_id(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):
-    """TRL's card (create_model_card) and PEFT's (save_model) name the Hub id, not "[None]" or a local path."""
+    """TRL's card (create_model_card), PEFT's (save_model) and the saved adapter_config.json name the Hub id, not
+    "[None]" or a local path."""
     from peft import LoraConfig
 
     from gigpo_trl import GiGPOConfig, GiGPOTrainer
@@ -200,9 +203,31 @@ def test_trainer_cards_name_the_default_models_hub_id(tmp_path, tiny_model_dir, 
     card = (tmp_path / "saved" / "README.md").read_text()
     assert f"base_model: {DEFAULT_MODEL_HUB_ID}" in card and f"base_model:adapter:{DEFAULT_MODEL_HUB_ID}" in card
     assert str(local) not in card
-    # the adapter itself still points at the local weights, so it loads offline
+    # the adapter names the Hub id too, so AutoPeftModelForCausalLM loads it on another machine; the live
+    # configuration keeps the local path the run loaded (and may load again) the weights from
     adapter = json.loads((tmp_path / "saved" / "adapter_config.json").read_text())
-    assert adapter["base_model_name_or_path"] == str(local)
+    assert adapter["base_model_name_or_path"] == DEFAULT_MODEL_HUB_ID
+    assert trainer.model.peft_config["default"].base_model_name_or_path == str(local)
+
+
+def test_job_adapter_names_the_hub_id_it_was_given(tmp_path, tiny_model_dir, monkeypatch):
+    """A base model given to the job as a Hub id (here served from a Hub cache, offline): the saved adapter's
+    adapter_config.json and the card name that id, so the adapter loads by it on another machine."""
+    import huggingface_hub.constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-gigpo"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "job"
+    job, args, model_args = build_parser({"env": "frozenlake"}).parse_args_and_config(args=[
+        *_job_args("someone/tiny-gigpo", out), "--eval_before", "false", "--eval_max_tasks", "1"])
+    assert run(job, args, model_args) == 0
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "someone/tiny-gigpo"
+    assert "base_model: someone/tiny-gigpo" in (out / "README.md").read_text()
 
 
 # ----------------------------------------------------------------------------------------------- one-line errors
