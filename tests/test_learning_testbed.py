@@ -260,13 +260,17 @@ def test_condition_settings_reach_the_env_and_the_config():
     a = settings.parse_args(["--condition", "clock_sim", "--iterations", "20"])
     assert (a.length, a.max_turns, a.nuisance, a.anchor_similarity_threshold, a.eval_tasks, a.seeds) == (
         12, 30, "clock", 0.9, 128, settings.MAP_SEEDS)
-    assert a.arms == ["GiGPO", "GRPO", "HGPO"]
+    assert a.arms == ["GiGPO", "GRPO", "HGPO", "G2PO"]  # GraphGPO matches states exactly: no similarity cell
     env = testbeds.env_factory_for(a)()
     obs, _ = env.reset(task=5)
     assert obs.startswith("room 1: left arch, right closet\nclock ")
     assert env.anchor_state(obs) == obs  # exact anchors see the nuisance
     cfg = runner.make_config(a, "/tmp/x", settings.ARMS["GiGPO"], 600)
     assert cfg.anchor_similarity_threshold == 0.9 and cfg.max_turns == 30
+    # G2PO's values over the merged step groups, with the corridor's success reward
+    g2po = runner.make_config(a, "/tmp/x", settings.ARMS["G2PO"], 600)
+    assert (g2po.step_return, g2po.g2po_success_reward, g2po.anchor_similarity_threshold, g2po.gamma) == (
+        "g2po", 1.0, 0.9, 0.95)
     hook = settings.parse_args(["--condition", "clock_hook", "--iterations", "20"])
     env = testbeds.env_factory_for(hook)()
     obs, _ = env.reset(task=5)

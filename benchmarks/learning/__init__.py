@@ -1,6 +1,6 @@
-"""GiGPO vs GRPO (vs HGPO, GraphGPO) at equal budget, on a testbed where step-level credit matters, on a CPU.
+"""GiGPO vs GRPO (vs HGPO, GraphGPO, G2PO) at equal budget, on a testbed where step-level credit matters, on a CPU.
 
-    python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, all four arms
+    python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, all five arms
     python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, 3 iterations)
     python benchmarks/learning.py --seeds 200 201 202 203 204 --output_dir outputs/bench/learning/a   # a split run
     python benchmarks/learning.py --report_only --runs outputs/bench/learning/a/runs.jsonl \
@@ -31,10 +31,11 @@ Per seed:
    0.5 +- 0.05 of two-door rooms (the policy knows the rules, not the way). A seed that misses either within
    ``--warmup_max_steps`` stops the run with an error naming it. The weights are saved once; every arm starts from
    them.
-2. every arm (``ARMS``; default all four) trains from those weights with identical settings, seed, task
+2. every arm (``ARMS``; default all five) trains from those weights with identical settings, seed, task
    order and number of iterations; only the arm's config fields differ (GiGPO: omega = 1; GRPO: omega = 0; HGPO:
    the authors' recipe, ``step_grouping="hierarchical"`` with K = 2 and alpha = 1; GraphGPO: the authors' recipe,
-   ``step_return="graph"`` with the gamma of its ALFWorld script, 0.10).
+   ``step_return="graph"`` with the gamma of its ALFWorld script, 0.10; G2PO: ``step_return="g2po"`` with the
+   corridor's success reward 1.0 as ``g2po_success_reward``).
 3. held-out evaluation (the env's eval split, sampled at T = 1) at iteration 0 and at ``eval_schedule``'s
    iterations (every ``--eval_every_early`` iterations, then the last three ``--eval_every`` apart); greedy too at
    iteration 0 and the last three.

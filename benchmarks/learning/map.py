@@ -73,7 +73,7 @@ def plot_map(gaps: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red"}
+    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red", "G2PO": "tab:purple"}
     arms = [arm for arm in ARMS if arm != "GRPO"]
     fig, axes = plt.subplots(1, len(MAP_AXES), figsize=(5 * len(MAP_AXES), 4.2), sharey=True)
     for ax, (axis, conds) in zip(axes, MAP_AXES.items()):

@@ -32,7 +32,8 @@ def report(results, seeds, arms, a, warmups=None):
         f"{np.mean([results[(s, arm)]['headline_greedy'] for s in seeds]):12.3f} "
         f"{np.mean([results[(s, arm)]['auc_sampled'] for s in seeds]):10.3f}" for arm in arms))
     pairs = [(x, y) for x, y in (("GiGPO", "GRPO"), ("HGPO", "GiGPO"), ("HGPO", "GRPO"), ("GraphGPO", "GiGPO"),
-                                 ("GraphGPO", "GRPO")) if x in arms and y in arms]
+                                 ("GraphGPO", "GRPO"), ("G2PO", "GRPO"), ("G2PO", "GraphGPO"),
+                                 ("G2PO", "GiGPO")) if x in arms and y in arms]
     gaps = {}
     lines.append("")
     lines.append(f"paired gaps over seeds (percentage points; 95% t interval, df = seeds - 1); primary metric: "
@@ -93,7 +94,8 @@ def plot(results, seeds, arms, a, path):
         print("matplotlib not installed (pip install matplotlib): no plot")
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green", "GraphGPO": "tab:red"}
+    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green", "GraphGPO": "tab:red",
+              "G2PO": "tab:purple"}
 
     def band(ax, xs, ys, color, label):
         ys = np.asarray(ys, dtype=float)
