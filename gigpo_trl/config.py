@@ -12,6 +12,7 @@ from trl import GRPOConfig
 
 from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .advantage.settings import ESTIMATORS, EstimatorSettings, estimator_fields
+from .budget_settings import BUDGET_LOSS_TYPES, check_token_budget  # noqa: F401 - BUDGET_LOSS_TYPES: re-exported
 from .grpo_fields import check_unused_grpo_fields
 from .rollout_settings import check_rollout_settings
 
@@ -26,10 +27,6 @@ def scrubbed_tokens():
         yield
     finally:
         _SCRUB_TOKENS.reset(reset)
-
-
-# Loss types whose accumulated sub-batch gradient equals the unsplit one (see token_budget.TokenBudgetMixin._sub_batch_scale).
-BUDGET_LOSS_TYPES = ("dapo", "cispo", "vespo", "bnpo", "grpo", "sapo", "luspo", "dr_grpo")
 
 
 @dataclass
@@ -413,7 +410,7 @@ class GiGPOConfig(GRPOConfig):
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or not math.isfinite(threshold)):
             raise ValueError(f"success_reward_threshold must be a finite number or None, got {threshold!r}")
-        self._check_token_budget()
+        check_token_budget(self)
         check_unused_grpo_fields(self)  # GRPOConfig fields GiGPOTrainer never reads
 
     def _check_estimator(self) -> None:
@@ -456,32 +453,3 @@ class GiGPOConfig(GRPOConfig):
                 f"hierarchy_depth={self.hierarchy_depth} > history_length={self.history_length}: the HGPO levels "
                 f"beyond {self.history_length} split rows by history their prompts did not show (HGPO uses "
                 "hierarchy_depth <= history_length, e.g. both 2)", UserWarning, stacklevel=3)
-
-    def _check_token_budget(self) -> None:
-        budget = self.max_tokens_per_microbatch
-        if budget is None:
-            return
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"max_tokens_per_microbatch must be None or an int >= 1, got {budget!r}")
-        field_name = "max_tokens_per_microbatch"
-        if self.loss_type not in BUDGET_LOSS_TYPES:
-            raise ValueError(
-                f"loss_type={self.loss_type!r} cannot be split into token-budget sub-batches ({field_name}="
-                f"{budget}); use one of {list(BUDGET_LOSS_TYPES)} or set {field_name}=None"
-            )
-        if self.top_entropy_quantile < 1.0:
-            raise ValueError(
-                f"top_entropy_quantile={self.top_entropy_quantile} needs the entropies of the whole micro-batch in "
-                f"one forward; set {field_name}=None (or top_entropy_quantile=1.0)"
-            )
-        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
-            raise ValueError(
-                f"an entropy bonus (entropy_coef={self.entropy_coef}, use_adaptive_entropy="
-                f"{self.use_adaptive_entropy}) is a token mean over the micro-batch, not a sum over rows; set "
-                f"{field_name}=None to use it"
-            )
-        optim = getattr(self.optim, "value", self.optim)
-        if str(optim) in ("lomo", "adalomo"):
-            raise ValueError(
-                f"optim={optim!r} updates the weights inside each backward; set {field_name}=None to use it"
-            )

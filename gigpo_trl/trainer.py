@@ -18,6 +18,7 @@ two are mixins because they override TRL / Trainer hooks:
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
 - :mod:`gigpo_trl.weight_sync`: the weights version that decides when vLLM receives the weights;
 - :mod:`gigpo_trl.positions`: positions from the attention mask (padding-invariant forwards);
+- :mod:`gigpo_trl.rollout_metrics`: each rollout's metrics, gathered over processes and recorded for TRL's log;
 - :mod:`gigpo_trl.memory`: the init warning when the token budget's activations would not fit in free memory;
 - :mod:`gigpo_trl.trl_compat`: every private attribute of TRL / transformers / accelerate that the package uses.
 The optimizer, logging, checkpoint files, PEFT, DeepSpeed and vLLM paths stay TRL's.
@@ -54,13 +55,14 @@ from .finite import finite_reward_keys, local_advantages
 from .generation import eval_sampling, generation_params_gathered, lora_merged_for_generation
 from .grad_accumulation import DeepSpeedStepGuard, is_on_policy_micro_step
 from .memory import warn_if_budget_exceeds_memory
-from .metrics import advantage_metrics, completion_metrics, episode_metrics
+from .metrics import episode_metrics
 from .models import disable_attention_dropout
 from .observers import RolloutContext, RolloutObserver, notify, notify_scored
 from .policy import GenerationPolicy, Policy
 from .positions import install_mask_positions
 from .prompts import max_prompt_length
 from .records import RolloutRecorder
+from .rollout_metrics import record_rollout_metrics
 from .rollout import RolloutCollector, build_collector
 from .token_budget import TokenBudgetMixin
 from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
@@ -297,7 +299,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
 
         output = self._rows_to_batch(rows, advantages, counts, mode, keep)
         notify_scored(self.rollout_observers, batch, result, output, replace(context, row_start=start))
-        self._record_metrics(mode, batch, result, advantages, t_rollout, t_adv)
+        record_rollout_metrics(self, mode, batch, result, advantages, t_rollout, t_adv)
         return output
 
     # ------------------------------------------------------------------ advantages
@@ -420,45 +422,6 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         return inputs
 
     # (loss: TokenBudgetMixin.compute_loss runs TRL's _compute_loss on each micro-batch, in token-budget sub-batches)
-
-    # ------------------------------------------------------------------ metrics
-    def _record_metrics(self, mode, batch, result, advantages, t_rollout, t_adv) -> None:
-        rows = batch.rows
-        multi = self.accelerator.num_processes > 1
-        all_trajs = gather_object(batch.trajectories) if multi else batch.trajectories
-        metrics = episode_metrics(all_trajs)
-        if result is not None:
-            metrics.update(advantage_metrics(result, levels=self.args.step_grouping == "hierarchical"))
-        lengths = [len(r.completion_ids) for r in rows]
-        totals = torch.tensor(
-            [len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=self.accelerator.device
-        )
-        totals = self.accelerator.gather(totals).view(-1, 3).sum(dim=0).tolist()
-        if mode == "train":
-            self.state.num_input_tokens_seen += int(totals[1] + totals[2])
-        metrics["rollout/rows"] = float(totals[0])
-        # over all ranks: the most generate calls, the longest prompt, the slowest rollout
-        peaks = torch.tensor([batch.num_generate_calls, batch.max_prompt_tokens, t_rollout], dtype=torch.float32,
-                             device=self.accelerator.device)
-        (metrics["rollout/generate_calls"], metrics["rollout/max_prompt_tokens"],
-         metrics["rollout/seconds"]) = self.accelerator.gather(peaks).view(-1, 3).amax(dim=0).tolist()
-        metrics["rollout/advantage_seconds"] = t_adv
-        metrics["completions/mean_length"] = totals[1] / max(totals[0], 1)
-        # TRL's clipped / terminated completion metrics; an empty completion was not cut at the limit
-        ends = {*self.eos_token_ids, trl_compat.tokenizer(self).pad_token_id}
-        local = [(len(r.completion_ids), bool(r.completion_ids) and r.completion_ids[-1] not in ends) for r in rows]
-        gathered = gather_object(local) if multi else local
-        if gathered:
-            metrics.update(completion_metrics(*zip(*gathered)))
-        logged = trl_compat.metrics(self, mode)
-        for key, value in metrics.items():
-            logged[key].append(value)
-        if self.log_completions:
-            logs = trl_compat.completion_logs(self)
-            logs["prompt"].extend(gather_object([r.prompt_messages for r in rows]))
-            logs["completion"].extend(gather_object([r.completion_text for r in rows]))
-            logs["rewards"]["env"].extend(gather_object([r.reward for r in rows]))
-            logs["advantages"].extend(gather_object([float(a) for a in advantages]))
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
