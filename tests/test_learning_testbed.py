@@ -181,6 +181,44 @@ def test_report_only_refuses_duplicate_runs_and_mixed_settings(tmp_path):
         runner.load_runs([first, mixed])
 
 
+def test_report_only_pairs_new_runs_with_a_recorded_report_and_names_seeds_that_started_elsewhere(tmp_path, capsys):
+    warm = {"legal": 0.97, "leads_on_among_two_legal": 0.51, "n_two_door": 800, "steps": 700, "rules_steps": 500,
+            "balance_rounds": 1, "seconds": 80.0, "valid_format": 1.0, "loss": 0.1}
+    recorded = tmp_path / "cell" / "learning.json"
+    recorded.parent.mkdir()
+    recorded.write_text(json.dumps({
+        "command": "python benchmarks/learning.py --condition h12", "commit": "abc1234", "total_seconds": 900.0,
+        "arms": {"GiGPO": {}, "GRPO": {}}, "warmup": {"200": warm, "201": warm, "202": warm},
+        "runs": [_run(200, "GiGPO", 0.5, 0.0, 0.3), _run(200, "GRPO", 0.4, 0.0, 0.2),
+                 _run(201, "GiGPO", 0.6, 0.0, 0.3), _run(201, "GRPO", 0.3, 0.0, 0.2),
+                 _run(202, "GiGPO", 0.6, 0.0, 0.3), _run(202, "GRPO", 0.5, 0.0, 0.2)]}))
+    late = _run(201, "G2PO", 0.45, 0.0, 0.25)
+    late["points"][0] = {"iteration": 0, "sampled": 0.15, "greedy": 0.0}  # seed 201 started elsewhere
+    new = _write(tmp_path / "g2po", [_run(200, "G2PO", 0.7, 0.0, 0.4), late, _run(202, "G2PO", 0.5, 0.0, 0.2)],
+                 {"200": warm, "201": warm, "202": warm | {"steps": 750}}, wall=100.0)
+    out = tmp_path / "merged"
+    assert runner.main(["--report_only", "--runs", new, "--recorded", str(recorded), "--output_dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "seed 201 G2PO differs: iteration 0 sampled 0.15 vs 0.1" in printed
+    assert "seed 202 G2PO differs: warm-up steps 750 vs 700" in printed
+    d = json.loads((out / "learning.json").read_text())
+    assert d["arms"] == {"GiGPO": {"step_advantage_weight": 1.0}, "GRPO": {"step_advantage_weight": 0.0},
+                         "G2PO": settings.ARMS["G2PO"]}
+    assert d["same_start"]["differing_seeds"] == [201, 202] and d["same_start"]["reference"] == "GRPO"
+    assert d["recorded"][str(recorded)] == {"command": "python benchmarks/learning.py --condition h12",
+                                            "commit": "abc1234", "total_seconds": 900.0, "arms": ["GiGPO", "GRPO"]}
+    # paired by seed with the recorded arms: G2PO - GRPO 30, 15, 0 pp; G2PO - GiGPO 20, -15, -10 pp
+    assert d["gaps"]["G2PO-GRPO/T=1"]["per_seed_pp"] == pytest.approx({"200": 30.0, "201": 15.0, "202": 0.0})
+    # mean 15, sd 15, half width t(0.975, 2) * 15 / sqrt(3) = 4.303 * 8.660 = 37.265
+    assert d["gaps"]["G2PO-GRPO/T=1"]["ci95_pp"] == pytest.approx([15 - 37.265, 15 + 37.265], abs=1e-2)
+    assert d["gaps"]["G2PO-GiGPO/T=1"]["gap_pp"] == pytest.approx(-5 / 3)
+    assert d["per_seed"]["202"]["warmup"]["steps"] == 700  # the recorded arms' warm-up figures
+    assert d["total_seconds"] == pytest.approx(1000.0)
+    # the merged report already holds G2PO: merging the new runs into it again is refused
+    with pytest.raises(ValueError, match="seed 200 arm G2PO appears twice"):
+        runner.load_runs([new], [out / "learning.json"])
+
+
 def test_runs_made_before_the_map_keys_merge_with_runs_at_their_defaults(tmp_path):
     # a headline run stored before issue 35 lacks the map's keys; a new run of the same protocol has them at defaults
     old = _write(tmp_path / "old", [_run(200, "GiGPO", 0.5, 0.0, 0.3), _run(200, "GRPO", 0.4, 0.0, 0.2)])

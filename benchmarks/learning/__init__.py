@@ -5,6 +5,8 @@
     python benchmarks/learning.py --seeds 200 201 202 203 204 --output_dir outputs/bench/learning/a   # a split run
     python benchmarks/learning.py --report_only --runs outputs/bench/learning/a/runs.jsonl \
         outputs/bench/learning/b/runs.jsonl              # merge split runs into one report
+    python benchmarks/learning.py --report_only --condition h12 --runs outputs/bench/map/h12/runs.jsonl \
+        --recorded benchmarks/results/map/h12/learning.json   # a new arm's runs paired with a cell's recorded arms
     python benchmarks/learning.py --warmup_only --seeds 1 100   # only the warm-ups, with their figures
     python benchmarks/learning.py --arms GiGPO GRPO       # without the HGPO and GraphGPO arms
     python benchmarks/learning.py --arms GraphGPO --reuse_warmup   # add an arm to a run (same output_dir)

@@ -135,9 +135,10 @@ def plot(results, seeds, arms, a, path):
     print(f"plot: {path}")
 
 
-def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -> int:
+def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True, extra=None) -> int:
     """Print the report of ``results`` over ``seeds`` (those with every arm of ``a.arms``) and write
-    ``res_dir/learning.json`` (and the plot). Returns 0, or 1 when no seed has every arm."""
+    ``res_dir/learning.json`` (and the plot), with the entries of ``extra`` added. Returns 0, or 1 when no seed
+    has every arm."""
     if len(seeds) < len(a.seeds):
         print(f"runs finished for all arms on seeds {seeds} only (of {a.seeds}); the report covers those")
     reference_seeds = MAP_SEEDS if getattr(a, "condition", None) else HEADLINE_SEEDS
@@ -186,7 +187,7 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True) -
             "generated_tokens", "wall_seconds")} for arm in a.arms} | {"warmup": warm_figures(s)} for s in seeds},
         "settings": vars(a), "arms": {arm: ARMS[arm] for arm in a.arms}, "warmup": warmups,
         "total_seconds": total, "runs": [results[(s, arm)] for s in seeds for arm in a.arms], "table": table,
-    }
+    } | (extra or {})
     (res_dir / "learning.json").write_text(json.dumps(payload, indent=1, default=float))
     if plot_curves:
         plot(results, seeds, a.arms, a, res_dir / "learning_curve.png")

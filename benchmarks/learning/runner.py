@@ -285,23 +285,28 @@ def main(argv=None) -> int:
     return 0
 
 
-def load_runs(paths) -> dict:
-    """The (seed, arm) runs of several runs.jsonl files, keyed (seed, arm). Raises ValueError when a (seed, arm)
-    appears twice or when runs were made with different ``RUN_KEYS`` settings (they would not be comparable)."""
-    results, where = {}, {}
+def load_runs(paths, recorded=()) -> dict:
+    """The (seed, arm) runs of several runs.jsonl files (``paths``) and of the ``runs`` of recorded reports'
+    learning.json files (``recorded``), keyed (seed, arm). Raises ValueError when a (seed, arm) appears twice or
+    when runs were made with different ``RUN_KEYS`` settings (they would not be comparable)."""
+    entries = []
     for path in map(Path, paths):
         if not path.exists():
             raise ValueError(f"runs file {path} does not exist")
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            # recomputed from the stored series, so runs written before a fix to iters_to report the fixed figure
-            r["iters_to_50pct_train"] = iters_to(r["series"]["episode/success_rate"])
-            key = (r["seed"], r["arm"])
-            if key in results:
-                raise ValueError(f"seed {key[0]} arm {key[1]} appears twice: {where[key]} and {path}:{n}")
-            results[key], where[key] = r, f"{path}:{n}"
+        entries += [(f"{path}:{n}", json.loads(line)) for n, line in enumerate(path.read_text().splitlines(), 1)
+                    if line.strip()]
+    for path in map(Path, recorded):
+        if not path.exists():
+            raise ValueError(f"recorded report {path} does not exist")
+        entries += [(f"{path}:runs[{i}]", r) for i, r in enumerate(json.loads(path.read_text()).get("runs") or [])]
+    results, where = {}, {}
+    for place, r in entries:
+        # recomputed from the stored series, so runs written before a fix to iters_to report the fixed figure
+        r["iters_to_50pct_train"] = iters_to(r["series"]["episode/success_rate"])
+        key = (r["seed"], r["arm"])
+        if key in results:
+            raise ValueError(f"seed {key[0]} arm {key[1]} appears twice: {where[key]} and {place}")
+        results[key], where[key] = r, place
     settings = {json.dumps(run_settings_filled(r.get("run_settings")), sort_keys=True): k for k, r in results.items()}
     if len(settings) > 1:
         raise ValueError("the runs were made with different settings; not merging: "
@@ -309,10 +314,44 @@ def load_runs(paths) -> dict:
     return results
 
 
+# warm-up figures that a re-run of a seed's warm-up reproduces exactly when it is deterministic
+WARMUP_FIGURES = ("steps", "rules_steps", "balance_rounds", "restarts", "init_seed", "legal",
+                  "leads_on_among_two_legal", "n_two_door", "loss")
+
+
+def same_start(results, new_arms, reference="GRPO", new_warmups=None, recorded_warmups=None) -> dict:
+    """Per seed, whether each of ``new_arms`` started where the recorded ``reference`` arm did: the iteration-0
+    evaluation (the first point: sampled and greedy held-out success) and, where both are given, the warm-up
+    figures of ``WARMUP_FIGURES``. Returns {"reference", "per_seed": {seed: {arm: {field: [new, recorded]}}} of
+    the differences only, "differing_seeds"}."""
+    per_seed = {}
+    for seed in sorted({s for s, _ in results}):
+        ref = results.get((seed, reference))
+        if ref is None:
+            continue
+        for arm in new_arms:
+            run = results.get((seed, arm))
+            if run is None:
+                continue
+            diff = {f"iteration 0 {k}": [run["points"][0].get(k), ref["points"][0].get(k)]
+                    for k in ("sampled", "greedy") if run["points"][0].get(k) != ref["points"][0].get(k)}
+            new_w, old_w = (new_warmups or {}).get(str(seed)), (recorded_warmups or {}).get(str(seed))
+            if new_w and old_w:
+                diff |= {f"warm-up {k}": [new_w.get(k), old_w.get(k)] for k in WARMUP_FIGURES
+                         if new_w.get(k) != old_w.get(k)}
+            if diff:
+                per_seed.setdefault(str(seed), {})[arm] = diff
+    return {"reference": reference, "arms": list(new_arms), "per_seed": per_seed,
+            "differing_seeds": sorted(int(s) for s in per_seed)}
+
+
 def report_only(a) -> int:
-    """--report_only: merge the runs (and warm-up figures) of ``a.runs`` and write the report."""
+    """--report_only: merge the runs (and warm-up figures) of ``a.runs`` and of the recorded reports
+    ``a.recorded`` and write the report. With recorded reports, the arms of ``a.runs`` that they lack are checked
+    against the recorded GRPO of the same seed (``same_start``) and the seeds where they differ are printed."""
     paths = [Path(p) for p in (a.runs or [Path(a.output_dir) / "runs.jsonl"])]
-    results = load_runs(paths)
+    recorded = [Path(p) for p in (a.recorded or [])]
+    results = load_runs(paths, recorded)
     warmups, wall = {}, 0.0
     for path in paths:
         w = path.parent / "warmups.json"
@@ -321,6 +360,26 @@ def report_only(a) -> int:
                 warmups.setdefault(str(seed), stats)
         inv = path.parent / "invocation.json"
         wall += json.loads(inv.read_text())["wall_seconds"] if inv.exists() else float("nan")
+    extra = {}
+    if recorded:
+        reports = [json.loads(p.read_text()) for p in recorded]
+        old_arms = {arm for d in reports for arm in d.get("arms", {})}
+        recorded_warmups = {str(s): w for d in reports for s, w in (d.get("warmup") or {}).items()}
+        new_arms = [arm for arm in ARMS if arm not in old_arms and any(k[1] == arm for k in results)]
+        start = same_start(results, new_arms, new_warmups=warmups, recorded_warmups=recorded_warmups)
+        print(f"same start: {', '.join(new_arms) or 'no new arm'} against the recorded {start['reference']}, "
+              f"seed by seed (iteration-0 evaluation, warm-up figures)")
+        for seed, arms in start["per_seed"].items():
+            for arm, diff in arms.items():
+                print(f"  seed {seed} {arm} differs: " + "; ".join(f"{k} {v[0]} vs {v[1]}" for k, v in diff.items()))
+        if not start["per_seed"]:
+            print("  identical on every seed")
+        extra = {"same_start": start, "recorded": {str(p): {k: d.get(k) for k in (
+            "command", "commit", "date", "machine", "total_seconds") if k in d} | {"arms": list(d.get("arms", {}))}
+            for p, d in zip(recorded, reports)}}
+        # the recorded arms' warm-ups are the ones every arm started from (the re-run's only where none is recorded)
+        warmups = warmups | recorded_warmups
+        wall += sum(d.get("total_seconds") or 0.0 for d in reports)
     arms = [arm for arm in ARMS if arm in a.arms and any(k[1] == arm for k in results)]
     if not a.seeds_given:
         a.seeds = sorted({s for s, _ in results})
@@ -331,4 +390,4 @@ def report_only(a) -> int:
             setattr(a, k, v)
     res_dir = Path(default_results_dir(a, seeds))
     res_dir.mkdir(parents=True, exist_ok=True)
-    return write_report(a, results, seeds, warmups, wall, res_dir)
+    return write_report(a, results, seeds, warmups, wall, res_dir, extra=extra)

@@ -177,6 +177,10 @@ def parse_args(argv=None):
                         "run or of a run split across invocations")
     p.add_argument("--runs", nargs="+", default=None, metavar="RUNS_JSONL",
                    help="--report_only: runs.jsonl files to merge (each one's warmups.json is read from its folder)")
+    p.add_argument("--recorded", nargs="+", default=None, metavar="LEARNING_JSON",
+                   help="--report_only: also the runs of these recorded reports (learning.json of a cell or of the "
+                        "headline), paired by seed with the runs of --runs; the arms they lack are checked against "
+                        "the recorded GRPO's iteration-0 evaluation and warm-up of the same seed")
     p.add_argument("--warmup_only", action="store_true",
                    help="warm up the seeds (OUTPUT_DIR/seedS/init, warmups.json), print their figures and stop")
     p.add_argument("--reuse_warmup", action="store_true",
