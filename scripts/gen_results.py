@@ -118,14 +118,15 @@ MAP_CELLS = {  # cell -> its label in the map's table
     "clock": "`clock` (nuisance, exact anchors)", "clock_sim": "`clock_sim` (nuisance, similarity 0.9)",
     "clock_hook": "`clock_hook` (nuisance, `anchor_state()`)", "trap": "`trap` (12 rooms, trap door)",
 }
-MAP_ARMS = ("GiGPO", "HGPO", "GraphGPO")
+MAP_ARMS = ("GiGPO", "HGPO", "GraphGPO", "G2PO")
 
 
 def map_table() -> str:
-    cells = load("map/map")["gaps_to_grpo"]
+    cells, pending = load("map/map")["gaps_to_grpo"], load("map/map").get("pending", {})
     rows = ["| cell | " + " | ".join(f"{arm} − GRPO" for arm in MAP_ARMS) + " |", "|---" * (len(MAP_ARMS) + 1) + "|"]
     for cell, label in MAP_CELLS.items():
-        gaps = [gap(cells[cell][arm]) if arm in cells[cell] else "not an arm" for arm in MAP_ARMS]
+        gaps = [gap(cells[cell][arm]) if arm in cells[cell] else "pending" if arm in pending.get(cell, ())
+                else "not an arm" for arm in MAP_ARMS]
         rows.append(f"| {label} | " + " | ".join(gaps) + " |")
     return "\n".join(rows)
 
@@ -133,8 +134,12 @@ def map_table() -> str:
 def learning_table() -> str:
     gaps = load("learning")["gaps"]
     rows = ["| gap | held-out success, sampled T = 1 (primary) | AUC, T = 1 | greedy |", "|---|---|---|---|"]
-    for pair in ("GiGPO-GRPO", "HGPO-GRPO", "GraphGPO-GRPO", "HGPO-GiGPO", "GraphGPO-GiGPO"):
+    for pair in ("GiGPO-GRPO", "HGPO-GRPO", "GraphGPO-GRPO", "HGPO-GiGPO", "GraphGPO-GiGPO", "G2PO-GRPO",
+                 "G2PO-GraphGPO", "G2PO-GiGPO"):
         x, y = pair.split("-")
+        if pair + "/T=1" not in gaps:
+            rows.append(f"| {x} − {y} | pending | pending | pending |")
+            continue
         rows.append(f"| {x} − {y} | {gap(gaps[pair + '/T=1'])} | {gap(gaps[pair + '/AUC T=1'])} | "
                     f"{gap(gaps[pair + '/greedy'])} |")
     return "\n".join(rows)
@@ -157,7 +162,7 @@ def _fig(name: str) -> dict:
 
 # (script, what it measures, command, headline figure, where to read more): the index of benchmarks/README.md.
 INDEX = [
-    ("learning.py", "GiGPO vs GRPO vs HGPO vs GraphGPO at equal budget on the corridor testbed, 10 seeds",
+    ("learning.py", "GiGPO vs GRPO vs HGPO vs GraphGPO vs G2PO at equal budget on the corridor testbed, 10 seeds",
      "python benchmarks/learning.py", lambda: learning_row().replace(" pp, 95 % CI [", " pp ["), "[learning](experiments/learning.md)"),
     ("learning.py --condition", "the map: the gap to GRPO in 7 cells (horizon, anchors, failure cause), 8 seeds each",
      "python benchmarks/learning.py --condition h24",

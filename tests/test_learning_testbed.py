@@ -361,6 +361,8 @@ def test_map_report_table_and_figure_from_cells(tmp_path):
     assert d["gaps_to_grpo"]["h12"]["HGPO"] == {"gap_pp": 5.5, "ci95_pp": [3.5, 8.5]}
     assert "GraphGPO" not in d["gaps_to_grpo"]["clock_sim"]
     assert d["missing"] == ["h6", "h24", "clock_hook", "trap"] and d["partial"] == ["clock"]
+    # G2PO has run in no cell; clock_sim has no GraphGPO arm, so only G2PO is pending there
+    assert d["pending"] == {"h12": ["G2PO"], "clock": ["G2PO"], "clock_sim": ["G2PO"]}
     assert "+5.5 [  +3.5,   +8.5]" in d["table"]
     assert (tmp_path / "map.png").stat().st_size > 10_000
     assert runner.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1

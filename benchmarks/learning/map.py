@@ -52,13 +52,21 @@ def map_report(map_dir) -> int:
     partial = [c for c, d in cells.items() if not d.get("is_map_cell")]
     table, gaps = map_table(cells)
     print(table)
+    # arms of a cell (CONDITIONS' ``arms``, else every arm) that its report does not have yet
+    pending = {c: [arm for arm in CONDITIONS[c].get("arms", ARMS) if arm != "GRPO" and arm not in gaps[c]]
+               for c in cells}
+    pending = {c: arms for c, arms in pending.items() if arms}
     if missing:
         print(f"cells missing: {missing}")
+    if pending:
+        print("arms pending (not in the cell's report yet): "
+              + "; ".join(f"{c}: {', '.join(arms)}" for c, arms in pending.items()))
     if partial:
         print(f"cells that are not complete map cells (seeds, iterations or eval tasks differ): {partial}")
     (map_dir / "map.json").write_text(json.dumps({
         **provenance(),
         "primary_metric": PRIMARY_METRIC, "gaps_to_grpo": gaps, "missing": missing, "partial": partial,
+        "pending": pending,
         "seeds": {c: d["seeds"] for c, d in cells.items()}, "table": table}, indent=1, default=float))
     plot_map(gaps, map_dir / "map.png")
     print(f"json: {map_dir / 'map.json'}")
