@@ -4,6 +4,7 @@ at once); the shell scripts answer ``--help`` too."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -61,6 +62,7 @@ def test_importtime_log_is_read_as_top_level_names():
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 import gen_results  # noqa: E402  (scripts/gen_results.py)
+import report_screenshot  # noqa: E402  (scripts/report_screenshot.py)
 import results_io  # noqa: E402  (benchmarks/results_io.py)
 
 RESULT_FILES = sorted([*(REPO / "benchmarks" / "results").glob("*.json"), REPO / "benchmarks/results/map/map.json"])
@@ -88,6 +90,50 @@ def test_a_changed_figure_makes_the_pages_stale(tmp_path, monkeypatch, capsys):
 def test_figure_formats_by_hand():
     assert gen_results.gap({"gap_pp": 2.96875, "ci95_pp": [-1.873, 7.81]}, " pp") == "+3.0 pp [\u22121.9, +7.8]"
     assert gen_results.signed(-0.04) == "0.0" and gen_results.signed(-2.25) == "\u22122.2"
+
+
+# ------------------------------------------------------------------------------------- README's report screenshot
+def test_report_screenshot_is_of_the_run_readme_quotes(capsys):
+    """docs/images/report_main_job.png is the image its record (report_main_job.json) describes, taken after that
+    run finished, and README's and benchmarks/results/main_job.json's main-job figures are that run's."""
+    assert report_screenshot.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_report_screenshot_check_names_each_disagreement():
+    record = json.loads(report_screenshot.RECORD.read_text())
+    image, readme = report_screenshot.IMAGE.read_bytes(), (REPO / "README.md").read_text()
+    results = json.loads(report_screenshot.RESULTS.read_text())
+    assert report_screenshot.check(record, image, readme, results) == []
+
+    def problems(**changed):
+        args = {"record": record, "image": image, "readme": readme, "results": results, **changed}
+        return report_screenshot.check(**args)
+
+    assert "describes another image" in problems(image=image + b"\0")[0]  # an image replaced without its record
+    finished = datetime.datetime.fromisoformat(record["run"]["finished"])
+    early = (finished - datetime.timedelta(seconds=1)).isoformat()  # a screenshot of an earlier run's report
+    assert "before the run it claims finished" in problems(record={**record, "taken": early})[0]
+    warmup = f"**{record['figures']['success']['after_warmup']:.3f} after the warm-up**"
+    assert warmup in readme
+    assert problems(readme=readme.replace(warmup, "**0.999 after the warm-up**"))[0].startswith(
+        "README.md quotes {'success': {'before': 0.0, 'after_warmup': 0.999,")
+    score = f"→ {record['figures']['task_score']['after']:.3f}"
+    assert score in readme and "README.md quotes" in problems(readme=readme.replace(score, "→ 0.001"))[0]
+    assert "no longer quotes" in problems(readme=readme.replace("task score", "score"))[0]
+    other = json.loads(json.dumps(results))
+    other["figures"]["success"]["after_gigpo"] = 0.5
+    assert problems(results=other)[0].startswith("benchmarks/results/main_job.json has {'success': {'before': 0.0, "
+                                                 "'after_warmup': 0.167, 'after': 0.5}")
+
+
+def test_report_screenshot_reads_a_runs_three_evaluations():
+    evals = {phase: {"success_rate": rate, "task_score": score, "num_tasks": 30.0} for phase, rate, score in
+             (("before", 0.0, 0.0), ("after_warmup", 5 / 30, 0.7050000000000001), ("after", 6 / 30, 0.71722))}
+    assert report_screenshot.run_figures(evals) == {
+        "success": {"before": 0.0, "after_warmup": 0.167, "after": 0.2},
+        "task_score": {"before": 0.0, "after_warmup": 0.705, "after": 0.717}, "eval_goals": 30}
+    with pytest.raises(KeyError, match="no 'after_warmup' evaluation"):
+        report_screenshot.run_figures({"before": evals["before"], "after": evals["after"]})
 
 
 @pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: str(p.relative_to(REPO)))
