@@ -95,18 +95,24 @@ class Episode:
 
 @dataclass
 class RolloutBatch:
-    """What :meth:`RolloutCollector.collect` returns."""
+    """What :meth:`RolloutCollector.collect` returns (``prefill_tokens`` / ``prefill_tokens_saved``: the policy's
+    :class:`~gigpo_trl.policy.Completions` counts, summed over the turns)."""
 
     rows: list[StepRow] = field(default_factory=list)
     trajectories: list[TrajectoryRecord] = field(default_factory=list)
     num_generate_calls: int = 0
     max_prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_tokens_saved: int = 0
 
     def extend(self, other: RolloutBatch) -> None:
-        """Append ``other``'s rows and trajectories (its generate calls counted, its longest prompt kept)."""
+        """Append ``other``'s rows and trajectories (its generate calls and prefill tokens counted, its longest
+        prompt kept)."""
         self.rows += other.rows
         self.trajectories += other.trajectories
         self.num_generate_calls += other.num_generate_calls
+        self.prefill_tokens += other.prefill_tokens
+        self.prefill_tokens_saved += other.prefill_tokens_saved
         self.max_prompt_tokens = max(self.max_prompt_tokens, other.max_prompt_tokens)
 
 

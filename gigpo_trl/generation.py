@@ -1,4 +1,4 @@
-"""Generation settings around a rollout: ZeRO-3 parameter gathering once per collect instead of once per turn
+"""Generation settings around a rollout: the kept KV caches of conversation episodes (:func:`kv_caches_for`), ZeRO-3 parameter gathering once per collect instead of once per turn
 (:func:`generation_params_gathered`), a LoRA adapter merged into its base weights while the rollout generates
 (:func:`lora_merged_for_generation`), and evaluation sampling (:func:`eval_sampling`: temperature, eval mode).
 The trainer enters them around :meth:`RolloutCollector.collect`."""
@@ -6,6 +6,8 @@ The trainer enters them around :meth:`RolloutCollector.collect`."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 
 import torch
 
@@ -135,3 +137,43 @@ def unwrap_for_generation(model, accelerator, **kwargs):
         yield unwrapped
     finally:
         context.__exit__(None, None, None)
+
+
+
+def kv_caches_for(trainer):
+    """The :class:`~gigpo_trl.kv_reuse.EpisodeKVCaches` of ``trainer``'s generation policy (its model's ``generate``
+    through :func:`model_generate_with_cache`), or ``None`` where TRL generates otherwise (vLLM, transformers
+    continuous batching) or the model's cache is not one the caches can slice
+    (:func:`~gigpo_trl.kv_reuse.supports_kv_reuse`)."""
+    from . import trl_compat
+    from .kv_reuse import EpisodeKVCaches, supports_kv_reuse
+
+    if trainer.use_vllm or getattr(trainer, "use_transformers_continuous_batching", False) \
+            or not supports_kv_reuse(trainer.accelerator.unwrap_model(trainer.model)):
+        return None
+    return EpisodeKVCaches(functools.partial(model_generate_with_cache, trainer),
+                           trl_compat.tokenizer(trainer).pad_token_id, trainer.eos_token_ids)
+
+
+def model_generate_with_cache(trainer, input_ids, attention_mask, past_key_values):
+    """One ``model.generate`` call on left-padded ``(B, L)`` tensors with an optional cache of the first positions
+    (:class:`~gigpo_trl.kv_reuse.EpisodeKVCaches`); returns ``(sequences, cache after the call)``.
+
+    Maintenance note: the transformers branch of TRL 1.16's ``GRPOTrainer._generate_single_turn`` (same unwrap with
+    ``ds3_gather_for_generation`` and ``generation_kwargs``, ``torch.no_grad``, FSDP's full parameters, the same
+    ``generation_config``), with ``past_key_values`` passed in and returned (``return_dict_in_generate``); the
+    completion cut after the first EOS is the caller's. Not its padding to ``pad_to_multiple_of`` (masked padding
+    changes no token's result) nor its multimodal fields (text prompts only)."""
+    from . import trl_compat
+
+    args, config = trainer.args, copy.deepcopy(trainer.generation_config)
+    config.return_dict_in_generate = True  # the cache comes back with the sequences
+    with unwrap_for_generation(trainer.model_wrapped, trainer.accelerator,
+                               gather_deepspeed3_params=args.ds3_gather_for_generation,
+                               generation_kwargs=trainer.generation_kwargs,
+                               gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as unwrapped, \
+            torch.no_grad(), trl_compat.summon_full_params(trainer):
+        device = trainer.accelerator.device
+        out = unwrapped.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                 past_key_values=past_key_values, generation_config=config)
+    return out.sequences, out.past_key_values

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only
     from .episodes import Episode
+    from .kv_reuse import EpisodeKVCaches
 
 
 @dataclass
@@ -56,12 +57,16 @@ class Completions:
         logps: per-token sampling log-probs of ``ids`` (vLLM's importance-sampling correction), or None.
         sources: who wrote each completion, when a policy mixes writers (the warm-up: ``"expert"`` or
             ``"perturbed"``), copied to each row's :attr:`~gigpo_trl.episodes.StepRow.source`; None otherwise.
+        prefill_tokens / prefill_tokens_saved: prompt tokens the model computed for these completions, and those it
+            read from caches kept since an earlier turn (0 for a policy without a model).
     """
 
     ids: list[list[int]]
     texts: list[str]
     logps: list[list[float]] | None = None
     sources: list[str] | None = None
+    prefill_tokens: int = 0
+    prefill_tokens_saved: int = 0
 
 
 class Policy:
@@ -77,6 +82,9 @@ class Policy:
         environment cannot use becomes an invalid action)."""
         raise NotImplementedError
 
+    def end_rollout(self) -> None:
+        """The rollout ended (the collector's call after its last turn): free what was kept for its episodes."""
+
 
 class GenerationPolicy(Policy):
     """The model as a policy: one batched generate call per turn.
@@ -88,12 +96,27 @@ class GenerationPolicy(Policy):
         sync_fn: multi-process agreement ``sync_fn(local_count) -> global_max``; every process then generates
             ``global_max`` prompts (filler prompts, whose outputs are dropped, pad the local list), so all processes
             make the same number of generate calls of the same size (collectives inside). ``None``: one process.
+        kv_caches: a :class:`~gigpo_trl.kv_reuse.EpisodeKVCaches` that generates instead of ``generate_fn`` and
+            keeps each conversation episode's KV cache for its next turn (transformers generation), on turns with a
+            conversation episode; ``None``: every turn through ``generate_fn``. Replacing ``generate_fn`` turns it
+            off (the new function is the model).
     """
 
-    def __init__(self, generate_fn: Callable, decode_fn: Callable, sync_fn: Callable[[int], int] | None = None):
+    def __init__(self, generate_fn: Callable, decode_fn: Callable, sync_fn: Callable[[int], int] | None = None,
+                 kv_caches: EpisodeKVCaches | None = None):
         self.generate_fn = generate_fn
         self.decode_fn = decode_fn
         self.sync_fn = sync_fn
+        self.kv_caches = kv_caches
+
+    @property
+    def generate_fn(self) -> Callable:
+        return self._generate_fn
+
+    @generate_fn.setter
+    def generate_fn(self, fn: Callable) -> None:
+        self._generate_fn = fn
+        self.kv_caches = None
 
     def turn_size(self, n_local: int) -> int:
         return self.sync_fn(n_local) if self.sync_fn is not None else n_local
@@ -101,9 +124,21 @@ class GenerationPolicy(Policy):
     def act(self, turn: Turn) -> Completions:
         n = len(turn.episodes)
         padded = turn.prompt_ids + [turn.filler or [0]] * (turn.size - len(turn.prompt_ids))
-        completion_ids, logprobs = self.generate_fn(padded)
+        keep = [ep.transcript is not None for ep in turn.episodes] + [False] * (len(padded) - n)
+        if self.kv_caches is not None and any(keep):  # one call on every process too: fillers keep no cache
+            keys = [ep.record.trajectory_id for ep in turn.episodes] + [None] * (len(padded) - n)
+            completion_ids, prefill = self.kv_caches.generate(padded, keys, keep)
+            logprobs, computed, saved = None, prefill.computed, prefill.reused
+        else:
+            completion_ids, logprobs = self.generate_fn(padded)
+            computed, saved = sum(len(p) for p in turn.prompt_ids), 0
         ids = [list(c) for c in completion_ids[:n]]
-        return Completions(ids, self.decode_fn(ids) if n else [], None if logprobs is None else list(logprobs[:n]))
+        return Completions(ids, self.decode_fn(ids) if n else [], None if logprobs is None else list(logprobs[:n]),
+                           prefill_tokens=computed, prefill_tokens_saved=saved)
+
+    def end_rollout(self) -> None:
+        if self.kv_caches is not None:
+            self.kv_caches.clear()
 
 
 __all__ = ["Completions", "GenerationPolicy", "Policy", "Turn"]

@@ -303,10 +303,13 @@ class RolloutCollector:
             out = self.policy.act(Turn(turn, live, [m for m, _, _ in prompts], [ids for _, ids, _ in prompts], size,
                                        filler))
             batch.num_generate_calls += 1
+            batch.prefill_tokens, batch.prefill_tokens_saved = (batch.prefill_tokens + out.prefill_tokens,
+                                                                batch.prefill_tokens_saved + out.prefill_tokens_saved)
             parsed, actions = self._parse_actions(live, out)
             self._step_envs(live, prompts, out, parsed, actions, turn, batch)
             if bar is not None:
                 bar.update(1)
+        self.policy.end_rollout()  # kept KV caches are freed before the batch is scored and trained on
         if bar is not None:
             bar.close()
         batch = self._close_trajectories(batch)

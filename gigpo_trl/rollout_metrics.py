@@ -26,11 +26,14 @@ def record_rollout_metrics(trainer, mode: str, batch, result, advantages, t_roll
     if result is not None:
         metrics.update(advantage_metrics(result, levels=trainer.args.step_grouping == "hierarchical"))
     lengths = [len(r.completion_ids) for r in rows]
-    totals = torch.tensor([len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows)], device=accelerator.device)
-    totals = accelerator.gather(totals).view(-1, 3).sum(dim=0).tolist()
+    totals = torch.tensor([len(rows), sum(lengths), sum(len(r.prompt_ids) for r in rows), batch.prefill_tokens,
+                           batch.prefill_tokens_saved], device=accelerator.device)
+    totals = accelerator.gather(totals).view(-1, 5).sum(dim=0).tolist()
     if mode == "train":
         trainer.state.num_input_tokens_seen += int(totals[1] + totals[2])
     metrics["rollout/rows"] = float(totals[0])
+    # prompt tokens computed before generating, and those read from KV caches kept since the previous turn
+    metrics["rollout/prefill_tokens"], metrics["rollout/prefill_tokens_saved"] = totals[3], totals[4]
     # over all ranks: the most generate calls, the longest prompt, the slowest rollout
     peaks = torch.tensor([batch.num_generate_calls, batch.max_prompt_tokens, t_rollout], dtype=torch.float32,
                          device=accelerator.device)

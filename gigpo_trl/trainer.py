@@ -52,7 +52,7 @@ from .dynamic_sampling import DynamicSampler
 from .envs.adapters import resolve_envs
 from .episodes import StepRow, advantage_keys
 from .finite import finite_reward_keys, local_advantages
-from .generation import eval_sampling, generation_params_gathered, lora_merged_for_generation
+from .generation import eval_sampling, generation_params_gathered, kv_caches_for, lora_merged_for_generation
 from .grad_accumulation import DeepSpeedStepGuard, is_on_policy_micro_step
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import episode_metrics
@@ -65,9 +65,9 @@ from .records import RolloutRecorder
 from .rollout_metrics import record_rollout_metrics
 from .rollout import RolloutCollector, build_collector
 from .token_budget import TokenBudgetMixin
-from .vllm_glue import (check_vllm_args, importance_ratio, install_cpu_colocate_sync, install_out_of_place_lora_sync,
-                        sampling_logps, sampling_metrics, server_weight_sync_guard, shutdown_engine_before_end_training,
-                        vllm_max_model_len)
+from .vllm_glue import (check_vllm_args, colocate_prefix_caching, importance_ratio, install_cpu_colocate_sync,
+                        install_out_of_place_lora_sync, sampling_logps, sampling_metrics, server_weight_sync_guard,
+                        shutdown_engine_before_end_training, vllm_max_model_len)
 from .weight_sync import WeightsChangedCallback, WeightsVersion, sync_weights_if_changed
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             train_dataset = env_tasks(self._probe_env, "train", "train_dataset")
         check_task_dataset(train_dataset, args, "train_dataset")
         check_vllm_args(args)
-        with server_weight_sync_guard(args) as server_sync:  # vLLM server mode without CUDA: one warning, no sync
+        with server_weight_sync_guard(args) as server_sync, colocate_prefix_caching(args):  # see vllm_glue
             super().__init__(
                 model=model,
                 reward_funcs=[trl_compat.env_reward],
@@ -204,8 +204,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         :attr:`rollout_observers`); default policy: the model through TRL's generation; default envs: the trainer's."""
         if policy is None:
             decode = functools.partial(self.processing_class.batch_decode, skip_special_tokens=True)
-            policy = GenerationPolicy(self._generate_turn, decode,
-                                      self._sync_max if self.accelerator.num_processes > 1 else None)
+            policy = GenerationPolicy(self._generate_turn, decode, self._sync_max if self.accelerator.num_processes > 1
+                                      else None, kv_caches=kv_caches_for(self))
         return build_collector(self.args, env_factories or self.env_factories, policy,
                                trl_compat.ChatTemplating(self), self._prompt_limit, progress,
                                templates, self.rollout_observers)

@@ -26,6 +26,7 @@ private name                                                 use       contract 
 TRL's forwards pass no ``position_ids`` (pre-hook)          relies    ``test_forward_positions_from_mask``
 ``GRPOTrainer._tag_names / _name / _paper``                  class     ``test_model_card_class_attributes``
 ``GRPOTrainer._generate_single_turn(ids, images, mm, n)``    call      ``test_generate_single_turn``
+``GRPOTrainer._dist.summon_full_params(model, recurse)``     call      ``test_summon_full_params``
 ``GRPOTrainer._tokenize_prompts(prompts)``                   call      ``test_tokenize_prompts``
 ``GRPOTrainer.chat_template / chat_template_kwargs``         read      ``test_tokenize_prompts``
 ``GRPOTrainer.eos_token_ids``                                read      ``test_tokenize_prompts``
@@ -91,6 +92,12 @@ def generate_single_turn(trainer, prompt_ids: list[list[int]]):
     multimodal_fields, num_generations)`` returning ``(completion_ids, logprobs or None)`` (lists per prompt; vLLM's
     sampled-token log-probs); ``num_generations=1`` because every prompt of a turn is distinct."""
     return trainer._generate_single_turn(prompt_ids, None, {}, 1)
+
+
+def summon_full_params(trainer):
+    """TRL's context around a transformers generate call that gathers FSDP-sharded parameters (a no-op otherwise).
+    Relies on ``GRPOTrainer._dist.summon_full_params(model, recurse=False)``."""
+    return trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False)
 
 
 def tokenize_prompts(trainer, messages: list[list[dict]]) -> list[list[int]]:

@@ -29,6 +29,10 @@ optimizer step, and after a warm-up or a checkpoint load). What needs help:
   base weights in place and unmerges it (``W += ΔW; W -= ΔW`` in bf16 does not give W back: the frozen base drifts
   by an ulp on a third of its elements per sync). :func:`install_out_of_place_lora_sync` sends
   ``W + scale·B·A``, computed in fp32 into a new tensor (:func:`merged_lora_weight`), instead.
+- **prefix caching**: a conversation episode's prompt at turn t+1 starts with turn t's prompt and completion, so
+  vLLM's automatic prefix caching skips their prefill. :func:`colocate_prefix_caching` builds the colocated engine
+  with ``enable_prefix_caching=True`` (TRL 1.16 passes nothing and leaves it to vLLM's default); in server mode it is
+  the server's flag: ``trl vllm-serve --enable_prefix_caching true`` (or ``vllm serve --enable-prefix-caching``).
 - **context limit**: vLLM rejects a request longer than its ``max_model_len``, which may be smaller than the model
   config's; :func:`vllm_max_model_len` gives the collector the limit that prompts are fitted to.
 
@@ -128,6 +132,29 @@ def server_weight_sync_guard(args):
         yield state
     if state.message is not None:
         logger.warning(state.message)
+
+
+@contextlib.contextmanager
+def colocate_prefix_caching(args):
+    """Wrap ``GRPOTrainer.__init__`` so that in colocate mode TRL's ``LLM(...)`` call (``VLLMGeneration.__init__``)
+    gets ``enable_prefix_caching=True``; a no-op otherwise. Private: the module attribute
+    ``trl.generation.vllm_generation.LLM`` (TRL 1.16 imports vLLM's ``LLM`` there)."""
+    if not (args.use_vllm and args.vllm_mode == "colocate"):
+        yield
+        return
+    import trl.generation.vllm_generation as generation
+
+    llm = getattr(generation, "LLM", None)
+    if llm is None:  # vLLM not importable: TRL raises its own error
+        yield
+        return
+
+    def with_prefix_caching(*a, **kwargs):
+        kwargs.setdefault("enable_prefix_caching", True)
+        return llm(*a, **kwargs)
+
+    with mock.patch.object(generation, "LLM", with_prefix_caching):
+        yield
 
 
 def vllm_max_model_len(trainer) -> int | None:

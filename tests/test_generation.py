@@ -1,11 +1,12 @@
 """gigpo_trl/generation.py: the contexts around a rollout. CPU only. Through the trainer: evaluation sampling
 (eval_sampling) in tests/test_trainer.py (test_evaluate_*), the ZeRO-3 gathering once per collect
 (generation_params_gathered) in tests/test_distributed.py; the LoRA merge around a rollout
-(lora_merged_for_generation) here."""
+(lora_merged_for_generation) and the replica of TRL's generate call (model_generate_with_cache) here."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 def test_generation_unwrap_exit_runs_when_the_block_raises(bf16_trainer):
@@ -126,3 +127,22 @@ def test_trainer_generates_with_the_adapter_merged(tmp_path, tiny_model_dir, tin
     for n, p in trainer.model.named_parameters():
         if "base_layer" in n:
             assert (p - base[n]).abs().max() < 1e-6, n
+
+
+def test_model_generate_with_cache_samples_what_trl_samples(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """The replica of TRL's transformers generate branch draws what TRL's own call draws from the same seed."""
+    from conftest import tiny_run_config
+    from gigpo_trl import GiGPOTrainer, trl_compat
+    from gigpo_trl.generation import kv_caches_for
+    from toy_env import LineWalkEnv
+
+    trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=tiny_run_config(tmp_path),
+                           processing_class=tiny_tokenizer)
+    prompts = [tiny_tokenizer("move right")["input_ids"], tiny_tokenizer("go left now")["input_ids"]]
+    torch.manual_seed(0)
+    expected, _ = trl_compat.generate_single_turn(trainer, prompts)
+    caches = kv_caches_for(trainer)
+    torch.manual_seed(0)
+    completions, prefill = caches.generate(prompts, ["a", "b"], [True, True])
+    assert completions == [list(c) for c in expected] and prefill.computed == sum(map(len, prompts))
+    assert len(caches) == 2  # the call returned its cache

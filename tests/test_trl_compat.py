@@ -152,6 +152,12 @@ def test_generate_single_turn(trainer, tiny_tokenizer):
         assert logprobs is None  # transformers generation: no sampling log-probs (vLLM gives per-token floats)
 
 
+def test_summon_full_params(trainer):
+    with contract("GRPOTrainer._dist.summon_full_params"):
+        with trl_compat.summon_full_params(trainer):  # no FSDP here: the parameters are the model's own
+            assert next(trainer.model_wrapped.parameters()).shape == next(trainer.model.parameters()).shape
+
+
 def test_tokenize_prompts(trainer, tiny_tokenizer):
     messages = [[{"role": "user", "content": "move right"}], [{"role": "user", "content": "go left"}]]
     with contract("GRPOTrainer._tokenize_prompts"):

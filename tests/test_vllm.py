@@ -129,6 +129,22 @@ def test_server_guard_turns_the_cpu_refusal_into_one_message(tmp_path, caplog):
     assert state.available and state.message is None
 
 
+def test_colocate_engine_is_built_with_prefix_caching(tmp_path, monkeypatch):
+    import trl.generation.vllm_generation as generation
+
+    built = []
+    monkeypatch.setattr(generation, "LLM", lambda **kwargs: built.append(kwargs), raising=False)
+    fake = generation.LLM
+    with vllm_glue.colocate_prefix_caching(_args(tmp_path, use_vllm=True, vllm_mode="colocate")):
+        generation.LLM(model="m", seed=0)  # what TRL's VLLMGeneration calls at init
+        generation.LLM(model="m", enable_prefix_caching=False)  # an explicit choice is kept
+    assert generation.LLM is fake  # restored after the block
+    with vllm_glue.colocate_prefix_caching(_args(tmp_path, use_vllm=True, vllm_mode="server")):
+        generation.LLM(model="m")  # server mode: the server's flag, nothing added here
+    assert built == [{"model": "m", "seed": 0, "enable_prefix_caching": True},
+                     {"model": "m", "enable_prefix_caching": False}, {"model": "m"}]
+
+
 def test_score_logps_puts_the_vllm_ratio_in_the_batch_and_logs_its_metrics(tmp_path, tiny_model_dir, tiny_tokenizer):
     """The trainer's vLLM branch without vLLM: sampling log-probs as given per row, the ratio of the trainer's own
     old log-probs against them, and the five metrics under TRL's names (the values :mod:`vllm_glue` computes)."""
