@@ -34,8 +34,7 @@ RESULTS = REPO / "benchmarks" / "results" / "main_job.json"
 PHASES = ("before", "after_warmup", "after")  # eval_results.json's names of the three evaluations
 # README's sentence on the main job: "0.000 before, **0.167 after the warm-up** (...) and 0.200 after one GiGPO
 # iteration (...); task score 0.000 → 0.705 → 0.717"
-README_SUCCESS = re.compile(r"(\d\.\d{3}) before, \*\*(\d\.\d{3}) after the warm-up\*\*.*?(\d\.\d{3}) after one GiGPO",
-                            re.S)
+README_SUCCESS = re.compile(r"(\d\.\d{3}) before, \*\*(\d\.\d{3}) after the warm-up\*\*.*?(\d\.\d{3}) after one GiGPO")
 README_SCORE = re.compile(r"task score (\d\.\d{3}) → (\d\.\d{3}) → (\d\.\d{3})")
 
 
@@ -60,7 +59,8 @@ def run_figures(eval_results: dict) -> dict:
 def readme_figures(readme: str) -> dict | None:
     """The main-job figures README quotes, as :func:`run_figures` gives them (without ``eval_goals``), or None when
     the sentence is not found."""
-    success, score = README_SUCCESS.search(readme), README_SCORE.search(readme)
+    text = " ".join(readme.split())  # the sentence may wrap anywhere
+    success, score = README_SUCCESS.search(text), README_SCORE.search(text)
     if not success or not score:
         return None
     return {"success": dict(zip(PHASES, map(float, success.groups()))),
