@@ -210,6 +210,8 @@ def test_trainer_cards_name_the_default_models_hub_id(tmp_path, tiny_model_dir, 
     assert trainer.model.peft_config["default"].base_model_name_or_path == str(local)
 
 
+# offline, PEFT cannot fetch the Hub id's config.json to compare vocabularies, and says so
+@pytest.mark.filterwarnings("ignore:Could not find a config file in someone/tiny-gigpo")
 def test_job_adapter_names_the_hub_id_it_was_given(tmp_path, tiny_model_dir, monkeypatch):
     """A base model given to the job as a Hub id (here served from a Hub cache, offline): the saved adapter's
     adapter_config.json and the card name that id, so the adapter loads by it on another machine."""
