@@ -131,6 +131,31 @@ def map_table() -> str:
     return "\n".join(rows)
 
 
+def g2po_table() -> str:
+    """G2PO's primary and secondary gaps per map cell and on the headline seeds; "pending" until folded in."""
+    m = load("map/map")
+    cells, between, pending = m["gaps_to_grpo"], m.get("gaps_between", {}), m.get("pending", {})
+    rows = ["| cell | seeds | G2PO − GRPO (primary) | G2PO − GraphGPO | G2PO − GiGPO |", "|---|---|---|---|---|"]
+
+    def cell_gap(cell, pair):
+        if pair == "G2PO-GRPO" and "G2PO" in cells.get(cell, {}):
+            return gap(cells[cell]["G2PO"])
+        if pair in between.get(cell, {}):
+            return gap(between[cell][pair])
+        if "G2PO" in cells.get(cell, {}):  # G2PO ran, the other arm is not one of the cell's
+            return "no " + pair.split("-")[1] + " arm"
+        return "pending" if "G2PO" in pending.get(cell, ()) else "—"
+
+    for cell, label in MAP_CELLS.items():
+        rows.append(f"| {label} | 600-607 | " + " | ".join(cell_gap(cell, p)
+                                                             for p in ("G2PO-GRPO", "G2PO-GraphGPO", "G2PO-GiGPO")) + " |")
+    gaps = load("learning")["gaps"]
+    rows.append("| headline corridor (12 rooms) | 200-209 | " + " | ".join(
+        gap(gaps[f"{p}/T=1"]) if f"{p}/T=1" in gaps else "pending"
+        for p in ("G2PO-GRPO", "G2PO-GraphGPO", "G2PO-GiGPO")) + " |")
+    return "\n".join(rows)
+
+
 def learning_table() -> str:
     gaps = load("learning")["gaps"]
     rows = ["| gap | held-out success, sampled T = 1 (primary) | AUC, T = 1 | greedy |", "|---|---|---|---|"]
@@ -251,6 +276,7 @@ def index_table() -> str:
 BLOCKS = {  # page -> {block name: render function}
     "README.md": {"headline": headline_table},
     "benchmarks/experiments/map.md": {"map": map_table},
+    "benchmarks/experiments/g2po_arm.md": {"g2po": g2po_table},
     "benchmarks/experiments/learning.md": {"learning": learning_table},
     "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
     "benchmarks/README.md": {"index": index_table},

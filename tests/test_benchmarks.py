@@ -92,6 +92,24 @@ def test_figure_formats_by_hand():
     assert gen_results.signed(-0.04) == "0.0" and gen_results.signed(-2.25) == "\u22122.2"
 
 
+def test_g2po_table_shows_folded_cells_and_pending_ones(tmp_path, monkeypatch):
+    g = {"gap_pp": 2.0, "ci95_pp": [-1.0, 5.0]}
+    (tmp_path / "map").mkdir()
+    (tmp_path / "map" / "map.json").write_text(json.dumps({
+        "gaps_to_grpo": {c: ({"G2PO": g} if c in ("h12", "clock_sim") else {}) for c in gen_results.MAP_CELLS},
+        "gaps_between": {"h12": {"G2PO-GraphGPO": g | {"gap_pp": -3.0}, "G2PO-GiGPO": g},
+                         "clock_sim": {"G2PO-GiGPO": g}},  # clock_sim has no GraphGPO arm
+        "pending": {c: ["G2PO"] for c in gen_results.MAP_CELLS if c not in ("h12", "clock_sim")}}))
+    (tmp_path / "learning.json").write_text(json.dumps({"gaps": {"GiGPO-GRPO/T=1": g}}))
+    monkeypatch.setattr(gen_results, "RESULTS", tmp_path)
+    rows = gen_results.g2po_table().splitlines()
+    assert rows[3] == "| `h12` (12 rooms; exact anchors; diffuse failure) | 600-607 | +2.0 [\u22121.0, +5.0] | " \
+                      "\u22123.0 [\u22121.0, +5.0] | +2.0 [\u22121.0, +5.0] |"
+    assert rows[2].endswith("| pending | pending | pending |")  # h6
+    assert rows[6].endswith("| +2.0 [\u22121.0, +5.0] | no GraphGPO arm | +2.0 [\u22121.0, +5.0] |")  # clock_sim
+    assert rows[-1] == "| headline corridor (12 rooms) | 200-209 | pending | pending | pending |"
+
+
 # ------------------------------------------------------------------------------------- README's report screenshot
 def test_report_screenshot_is_of_the_run_readme_quotes(capsys):
     """docs/images/report_main_job.png is the image its record (report_main_job.json) describes, taken after that

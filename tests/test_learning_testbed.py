@@ -346,23 +346,26 @@ def test_condition_without_iterations_or_with_a_foreign_arm_is_refused(monkeypat
 
 
 def test_map_report_table_and_figure_from_cells(tmp_path):
-    def cell(name, gaps, seeds=settings.MAP_SEEDS):
+    def cell(name, gaps, seeds=settings.MAP_SEEDS, between=None):
         folder = tmp_path / name
         folder.mkdir()
         d = {"seeds": seeds, "is_map_cell": seeds == settings.MAP_SEEDS, "gaps": {
             f"{arm}-GRPO/T=1": {"gap_pp": m, "ci95_pp": [m - 2.0, m + 3.0]} for arm, m in gaps.items()}}
+        d["gaps"] |= {f"{pair}/T=1": {"gap_pp": m, "ci95_pp": [m - 1.0, m + 1.0]} for pair, m in (between or {}).items()}
         (folder / "learning.json").write_text(json.dumps(d))
 
-    cell("h12", {"GiGPO": 3.0, "HGPO": 5.5, "GraphGPO": 1.0})
+    cell("h6", {"GiGPO": 3.0, "HGPO": 5.5, "GraphGPO": 1.0, "G2PO": 4.0}, between={"G2PO-GraphGPO": 3.0})
     cell("clock", {"GiGPO": -0.5, "HGPO": 0.2, "GraphGPO": 0.0}, seeds=[600, 601])
     cell("clock_sim", {"GiGPO": 1.5, "HGPO": 2.0})
     assert runner.main(["--map_report", "--map_dir", str(tmp_path)]) == 0
     d = json.loads((tmp_path / "map.json").read_text())
-    assert d["gaps_to_grpo"]["h12"]["HGPO"] == {"gap_pp": 5.5, "ci95_pp": [3.5, 8.5]}
+    assert d["gaps_to_grpo"]["h6"]["HGPO"] == {"gap_pp": 5.5, "ci95_pp": [3.5, 8.5]}
     assert "GraphGPO" not in d["gaps_to_grpo"]["clock_sim"]
-    assert d["missing"] == ["h6", "h24", "clock_hook", "trap"] and d["partial"] == ["clock"]
-    # G2PO has run in no cell; clock_sim has no GraphGPO arm, so only G2PO is pending there
-    assert d["pending"] == {"h12": ["G2PO"], "clock": ["G2PO"], "clock_sim": ["G2PO"]}
+    assert d["missing"] == ["h12", "h24", "clock_hook", "trap"] and d["partial"] == ["clock"]
+    # G2PO has run only in h6; clock_sim has no GraphGPO arm, so only G2PO is pending there
+    assert d["pending"] == {"clock": ["G2PO"], "clock_sim": ["G2PO"]}
+    assert d["gaps_to_grpo"]["h6"]["G2PO"] == {"gap_pp": 4.0, "ci95_pp": [2.0, 7.0]}
+    assert d["gaps_between"] == {"h6": {"G2PO-GraphGPO": {"gap_pp": 3.0, "ci95_pp": [2.0, 4.0]}}}
     assert "+5.5 [  +3.5,   +8.5]" in d["table"]
     assert (tmp_path / "map.png").stat().st_size > 10_000
     assert runner.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1

@@ -11,6 +11,8 @@ from results_io import provenance
 from .settings import ARMS, CONDITIONS, MAP_AXES, MAP_AXIS_LABELS
 from .statistics import METRICS, PRIMARY_METRIC
 
+BETWEEN = ("G2PO-GraphGPO", "G2PO-GiGPO")  # map.json's gaps_between: pairs of arms other than the gap to GRPO
+
 
 def map_table(cells: dict) -> tuple[str, dict]:
     """The map's table: per condition (``cells``: condition -> its learning.json) and arm, the paired gap to GRPO
@@ -63,10 +65,14 @@ def map_report(map_dir) -> int:
               + "; ".join(f"{c}: {', '.join(arms)}" for c, arms in pending.items()))
     if partial:
         print(f"cells that are not complete map cells (seeds, iterations or eval tasks differ): {partial}")
+    # paired gaps between step-level arms (G2PO's secondary comparisons), where a cell's report has them
+    label = METRICS[PRIMARY_METRIC][0]
+    between = {c: {pair: d["gaps"][f"{pair}/{label}"] for pair in BETWEEN if f"{pair}/{label}" in d["gaps"]}
+               for c, d in cells.items()}
     (map_dir / "map.json").write_text(json.dumps({
         **provenance(),
         "primary_metric": PRIMARY_METRIC, "gaps_to_grpo": gaps, "missing": missing, "partial": partial,
-        "pending": pending,
+        "pending": pending, "gaps_between": {c: g for c, g in between.items() if g},
         "seeds": {c: d["seeds"] for c, d in cells.items()}, "table": table}, indent=1, default=float))
     plot_map(gaps, map_dir / "map.png")
     print(f"json: {map_dir / 'map.json'}")
