@@ -12,6 +12,7 @@ from trl import GRPOConfig
 
 from .advantage.options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .advantage.settings import ESTIMATORS, EstimatorSettings, estimator_fields
+from .async_rollouts import check_async_settings
 from .budget_settings import BUDGET_LOSS_TYPES, check_token_budget  # noqa: F401 - BUDGET_LOSS_TYPES: re-exported
 from .grpo_fields import check_unused_grpo_fields
 from .rollout_settings import check_rollout_settings
@@ -138,6 +139,13 @@ class GiGPOConfig(GRPOConfig):
             With `dynamic_sampling`, keep a group whose returns are all equal but whose step groups still give some
             row a non-zero A_S (e.g. the same return reached in fewer turns): GiGPO's step-level signal. `False`
             applies DAPO's rule (drop on equal returns alone). Irrelevant when `step_advantage_weight=0`.
+        max_staleness (`int`, *optional*, defaults to `0`):
+            Asynchronous rollouts (vLLM server mode, one process; see `gigpo_trl.async_rollouts`): the next
+            iterations' rollouts are collected while the trainer optimises, each from one weights version, and
+            trained on at most this many versions (optimizer steps) later, with the importance-sampling correction.
+            `0`: the synchronous loop. At least the optimizer steps of one rollout.
+        async_rollout_timeout (`float` or `None`, *optional*, defaults to `600.0`):
+            With `max_staleness > 0`: seconds the trainer waits for the rollout producer before a `TimeoutError`.
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
@@ -320,6 +328,14 @@ class GiGPOConfig(GRPOConfig):
         metadata={"help": "With dynamic_sampling, keep a group of equal returns whose step groups still carry a "
                           "non-zero A_S (GiGPO's step signal); False: DAPO's rule, drop on equal returns alone."},
     )
+    max_staleness: int = field(
+        default=0,
+        metadata={"help": "Asynchronous rollouts (vLLM server mode): rollouts are collected while the trainer "
+                          "optimises and trained on at most this many weight versions later. 0: synchronous."},
+    )
+    async_rollout_timeout: float | None = field(
+        default=600.0, metadata={"help": "max_staleness > 0: seconds to wait for the rollout producer before an error."}
+    )
     eval_temperature: float = field(
         default=0.0, metadata={"help": "Sampling temperature of evaluate() episodes; 0.0 is greedy."}
     )
@@ -397,6 +413,7 @@ class GiGPOConfig(GRPOConfig):
         super().__post_init__()
         self._check_estimator()
         check_rollout_settings(self)
+        check_async_settings(self)
         if self.invalid_action_penalty < 0:
             raise ValueError(f"invalid_action_penalty must be >= 0, got {self.invalid_action_penalty}")
         if self.max_dynamic_sampling_rounds < 0:

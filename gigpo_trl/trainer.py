@@ -16,6 +16,7 @@ two are mixins because they override TRL / Trainer hooks:
 - :mod:`gigpo_trl.dynamic_sampling`: DAPO's dynamic sampling of flat task groups;
 - :mod:`gigpo_trl.generation`: ZeRO-3 gathering once per rollout, evaluation sampling;
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
+- :mod:`gigpo_trl.async_rollouts`: rollouts collected while the trainer optimises (``max_staleness > 0``);
 - :mod:`gigpo_trl.weight_sync`: the weights version that decides when vLLM receives the weights;
 - :mod:`gigpo_trl.positions`: positions from the attention mask (padding-invariant forwards);
 - :mod:`gigpo_trl.rollout_metrics`: each rollout's metrics, gathered over processes and recorded for TRL's log;
@@ -45,6 +46,7 @@ from trl.trainer.utils import pad, use_adapter
 
 from . import trl_compat
 from .advantage import compute_gigpo_advantages
+from .async_rollouts import AsyncRollouts
 from .checkpoint import CheckpointMixin
 from .checks import check_budget_aux_loss, check_chat_template, check_first_prompt, check_task_dataset, env_tasks
 from .config import GiGPOConfig
@@ -197,6 +199,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             keep_step_signal=args.dynamic_sampling_keep_step_signal and args.step_advantage_weight != 0,
             rank=self.accelerator.process_index, gather=gather_object if self.accelerator.num_processes > 1 else None,
         ) if args.dynamic_sampling else None
+        self.async_rollouts = AsyncRollouts(self, args.max_staleness, args.async_rollout_timeout) if (
+            args.max_staleness) else None  # rollouts collected while the trainer optimises (gigpo_trl.async_rollouts)
 
     def make_collector(self, policy: Policy | None = None, env_factories=None, templates=None,
                        progress: bool = False) -> RolloutCollector:
@@ -225,6 +229,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             return super().train(*args, **kwargs)
         finally:
             self.collector.close_pools()
+            if self.async_rollouts is not None:
+                self.async_rollouts.close()
 
     # ------------------------------------------------------------------ small helpers
     def _set_signature_columns_if_needed(self):  # TRL hook (see trl_compat): the task columns the collector reads
@@ -278,7 +284,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         context = self._rollout_context(mode)
         with (generation_params_gathered(self.model_wrapped, self.accelerator, self.args, self.use_vllm),
               lora_merged_for_generation(self.model_wrapped, self.accelerator, self.use_vllm)):
-            batch = self.collector.collect(inputs, group_ids, trajectory_prefix=rank, context=context)
+            batch = (self.async_rollouts.take(inputs, group_ids, context) if self.async_rollouts and mode == "train"
+                     else self.collector.collect(inputs, group_ids, trajectory_prefix=rank, context=context))
             if self.dynamic_sampler is not None and mode == "train":
                 batch = self.dynamic_sampler.resample(list(inputs), group_ids, batch, self.state.global_step,
                                                       trl_compat.metrics(self, "train"), context)
@@ -396,12 +403,12 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
             out["sampling_per_token_logps"] = sampling
             if is_correction:
                 old, sampling_mode = out["old_per_token_logps"], self.vllm_importance_sampling_mode
-                ratio = importance_ratio(old, sampling, completion_mask, sampling_mode,
-                                         self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
+                clip = (self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
+                ratio = importance_ratio(old, sampling, completion_mask, sampling_mode, *clip)
                 out["importance_sampling_ratio"] = ratio
                 logged = trl_compat.metrics(self, mode)
                 for key, value in sampling_metrics(old, sampling, ratio, completion_mask, sampling_mode,
-                                                   self.accelerator.gather).items():
+                                                   self.accelerator.gather, clip).items():
                     logged[key].append(value)
         return out
 

@@ -100,6 +100,16 @@ def summon_full_params(trainer):
     return trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False)
 
 
+def vllm_generate(vllm_generation, prompt_ids: list[list[int]]):
+    """One generate call through TRL's ``VLLMGeneration`` without the trainer's step check (so without a weight push;
+    the caller decides it): ``(completion_ids, per-token sampling log-probs)``, one list per prompt. Relies on
+    ``VLLMGeneration.generate(prompts, images, num_generations)`` returning ``(prompt_ids, completion_ids, logprobs,
+    logprob_token_ids)`` with each token's top-k log-probs, the sampled token's first (as ``_generate_single_turn``
+    reads them)."""
+    _, completion_ids, logprobs, _ = vllm_generation.generate(prompts=prompt_ids, images=None, num_generations=1)
+    return completion_ids, None if logprobs is None else [[lp[0] for lp in seq] for seq in logprobs]
+
+
 def tokenize_prompts(trainer, messages: list[list[dict]]) -> list[list[int]]:
     """Chat-template token ids of each prompt (no padding). Relies on ``_tokenize_prompts(prompts)`` returning
     ``(prompt_ids, images, multimodal_fields)`` with ``prompt_ids`` a list of int lists."""

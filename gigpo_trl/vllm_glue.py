@@ -304,9 +304,11 @@ def importance_ratio(old, sampling, mask, mode: str, clip_min: float | None, cli
     return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
 
 
-def sampling_metrics(old, sampling, ratio, mask, mode: str, gather) -> dict[str, float]:
+def sampling_metrics(old, sampling, ratio, mask, mode: str, gather, clip: tuple | None = None) -> dict[str, float]:
     """TRL's vLLM sampling metrics under TRL's names: |logp_trainer - logp_vLLM| over loss tokens (mean, max)
     and the importance ratio (min, mean, max; over loss tokens, or over sequences in ``sequence_*`` ``mode``).
+    With ``clip = (clip_min, clip_max)`` (either may be None) also ``.../truncated_fraction``: the fraction of those
+    ratios, before truncation or masking, outside [clip_min, clip_max] (over all ranks).
 
     ``old``, ``sampling``, ``mask``: (B, C); ``ratio``: :func:`importance_ratio`'s output; ``gather``: the
     accelerator's ``gather`` (each statistic is reduced over all ranks). A statistic with no loss token on any rank
@@ -329,7 +331,14 @@ def sampling_metrics(old, sampling, ratio, mask, mode: str, gather) -> dict[str,
         "sampling/importance_sampling_ratio/mean": gather(stat(flat, torch.mean)).nanmean(),
         "sampling/importance_sampling_ratio/max": gather(stat(flat, torch.max)).nan_to_num(-math.inf).max(),
     }
-    # ±inf: no loss token on any rank
+    if clip is not None:
+        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)  # the ratio before truncation / masking
+        raw = torch.exp(diff.sum(dim=-1))[keep.any(dim=1)] if mode.startswith("sequence") else torch.exp(diff)[keep]
+        lo, hi = (-math.inf if clip[0] is None else clip[0]), (math.inf if clip[1] is None else clip[1])
+        outside = ((raw < lo) | (raw > hi)).sum().float()
+        total = gather(torch.tensor(float(raw.numel()), device=device)).nansum()
+        values["sampling/importance_sampling_ratio/truncated_fraction"] = gather(outside).nansum() / total
+    # ±inf or 0/0: no loss token on any rank
     return {key: value.item() if torch.isfinite(value) else math.nan for key, value in values.items()}
 
 

@@ -17,6 +17,8 @@ optimizer steps pushes exactly as TRL does: once per step that generates.
 
 from __future__ import annotations
 
+import threading
+
 from transformers import TrainerCallback
 from trl.extras.profiling import profiling_context
 
@@ -26,11 +28,14 @@ from . import trl_compat
 class WeightsVersion:
     """``version``: how many writes of the trainable weights the trainer has seen (bumped by :meth:`bump`);
     ``synced``: the version vLLM holds (``None``: never pushed). Every rank bumps at the same points, so the
-    versions agree across ranks and every rank takes part in the same pushes (their collectives)."""
+    versions agree across ranks and every rank takes part in the same pushes (their collectives). ``lock``: held by
+    a push (:func:`sync_weights_if_changed`) and by anything that must generate with one version throughout (an
+    asynchronous rollout, :mod:`gigpo_trl.async_rollouts`)."""
 
     def __init__(self):
         self.version = 0
         self.synced: int | None = None
+        self.lock = threading.RLock()
 
     def bump(self) -> None:
         self.version += 1
@@ -60,13 +65,14 @@ def sync_weights_if_changed(trainer, weights: WeightsVersion, can_push: bool = T
     (``trainer.vllm_generation.sync_weights()``, looked up at call time) when ``weights`` changed, record the
     version pushed, and mark the current step as loaded for TRL so that its own check does not push again.
     ``can_push=False`` (server mode without CUDA, where the server keeps its own weights) skips the push only.
-    Returns whether it pushed."""
+    The push holds ``weights.lock``. Returns whether it pushed."""
     pushed = False
     if weights.changed:
-        if can_push:
-            with profiling_context(trainer, "sync_weights"):
-                trainer.vllm_generation.sync_weights()
-            pushed = True
-        weights.synced = weights.version
+        with weights.lock:  # never in the middle of a rollout that must see one version
+            if can_push:
+                with profiling_context(trainer, "sync_weights"):
+                    trainer.vllm_generation.sync_weights()
+                pushed = True
+            weights.synced = weights.version
     trl_compat.mark_weights_loaded(trainer)
     return pushed

@@ -82,6 +82,15 @@ def test_sampling_metrics_hand_computed():
     assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(
         (math.exp(0.1) + math.exp(-0.5) + math.exp(0.2)) / 3, abs=1e-6)
     assert m["sampling/importance_sampling_ratio/max"] == pytest.approx(math.exp(0.2), abs=1e-6)
+    assert "sampling/importance_sampling_ratio/truncated_fraction" not in m  # only with the bounds
+    # with bounds [0.8, 1.15]: exp(-0.5) = 0.61 below, exp(0.2) = 1.22 above, exp(0.1) = 1.11 inside -> 2 of 3
+    m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, MASK, "token_truncate", gather, clip=(0.8, 1.15))
+    assert m["sampling/importance_sampling_ratio/truncated_fraction"] == pytest.approx(2 / 3, abs=1e-6)
+    m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, MASK, "token_truncate", gather, clip=(None, 1.15))
+    assert m["sampling/importance_sampling_ratio/truncated_fraction"] == pytest.approx(1 / 3, abs=1e-6)
+    # sequences exp(-0.4) = 0.67 and exp(0.2) = 1.22: one outside [0.7, 3.0]
+    m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, MASK, "sequence_mask", gather, clip=(0.7, 3.0))
+    assert m["sampling/importance_sampling_ratio/truncated_fraction"] == pytest.approx(1 / 2, abs=1e-6)
     # sequence level: one ratio per row with a loss token (the filler row is left out)
     ratio = vllm_glue.importance_ratio(OLD, SAMPLING, MASK, "sequence_mask", None, 3.0)
     m = vllm_glue.sampling_metrics(OLD, SAMPLING, ratio, MASK, "sequence_mask", gather)

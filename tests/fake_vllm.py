@@ -1,0 +1,80 @@
+"""Recording fakes of TRL's vLLM server client (``trl.generation.vllm_client.VLLMClient``) for server-mode tests:
+TRL's own ``generate`` runs, only the HTTP exchange is replaced by a deterministic fake server."""
+
+from __future__ import annotations
+
+import hashlib
+
+from trl.generation.vllm_client import VLLMClient
+
+MOVES = ("left", "right")
+
+
+class RecordingVLLMClient(VLLMClient):
+    """TRL's ``VLLMClient`` with its HTTP exchange replaced: ``generate`` (TRL's own) records its arguments in
+    ``calls`` and the request body in ``payloads``; the fake server answers the k-th occurrence of a prompt within
+    one request with :meth:`answer` (prompt, k): a completion derived from the prompt's token ids, which also differs
+    between equal prompts so that a swap between them shows."""
+
+    tokenizer = None  # set by the test
+
+    def __init__(self, base_url=None, group_port=51216, connection_timeout=0.0, **_):
+        self.base_url, self.group_port, self.model = base_url, group_port, "fake-server-model"
+        self.communicator = None
+        self.calls: list[dict] = []
+        self.payloads: list[dict] = []
+
+    def get_server_info(self) -> dict:
+        return {"model_config": {"logprobs_mode": "processed_logprobs", "max_model_len": 1024}}
+
+    def generate(self, prompts, **kwargs):
+        self.calls.append({"prompts": [list(p) for p in prompts], **kwargs})
+        return super().generate(prompts, **kwargs)
+
+    @classmethod
+    def answer(cls, prompt_ids: list[int], k: int) -> tuple[list[int], list[float]]:
+        """(completion token ids, their log-probs) for the k-th copy of ``prompt_ids`` in one request."""
+        digest = int(hashlib.sha256(repr((list(prompt_ids), k)).encode()).hexdigest(), 16)
+        text = f"<think>{digest % 10} {len(prompt_ids) % 10}</think><action>{MOVES[(digest >> 8) % 2]}</action>"
+        ids = cls.tokenizer.encode(text, add_special_tokens=False) + [cls.tokenizer.eos_token_id]
+        return ids, [-0.01 * (1 + (digest >> (4 * j)) % 50) for j in range(len(ids))]
+
+    def _post(self, url, json=None, **kwargs):
+        assert url.endswith("/v1/completions"), url
+        self.payloads.append(json)
+        choices, seen = [], {}
+        for prompt in json["prompt"]:
+            for _ in range(json["n"]):
+                k = seen[tuple(prompt)] = seen.get(tuple(prompt), -1) + 1
+                ids, logps = self.answer(prompt, k)
+                tokens = [f"token_id:{t}" for t in ids]
+                logprobs = {"tokens": tokens, "token_logprobs": logps, "top_logprobs": [None] * len(ids)}
+                choices.append({"prompt_token_ids": list(prompt), "token_ids": ids, "logprobs": logprobs})
+        return {"choices": choices}
+
+
+class SyncingVLLMClient(RecordingVLLMClient):
+    """:class:`RecordingVLLMClient` whose server also takes weight updates, as on a CUDA machine (where TRL's NCCL
+    communicator exists): ``events`` records, in order, ``("sync", digest of the tensors received)`` for each
+    ``update_named_params`` (TRL's ``sync_weights`` in server mode) and ``("generate", n prompts)`` per request."""
+
+    events: list = []  # reset by the fixture
+
+    def init_communicator(self, device=0):
+        self.communicator = "fake"
+
+    def update_named_params(self, metadata, named_params):
+        received = list(named_params)
+        assert [name for name, _ in received] == [name for name, _, _ in metadata]
+        self.events.append(("sync", weights_digest(received)))
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, prompts, **kwargs):
+        self.events.append(("generate", len(prompts)))
+        return super().generate(prompts, **kwargs)
+
+
+def weights_digest(named_tensors) -> float:
+    return float(sum(tensor.double().sum() for _, tensor in named_tensors))

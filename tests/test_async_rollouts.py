@@ -1,0 +1,258 @@
+"""Asynchronous rollouts (``max_staleness > 0``) against the recording fake vLLM server (``fake_vllm.py``), whose
+answers depend on the prompt only: an asynchronous run then trains on exactly the synchronous run's rows, so any
+difference is the producer's doing. Pins: the rows, advantages and trained weights equal the synchronous run's; every
+rollout's generate requests lie between two weight pushes and its rows carry the version of the push before them;
+staleness over the bound drops (and regenerates) the whole rollout, counted; the importance-sampling weights against
+the fake's behaviour log-probs; resume regenerates what was in flight, once; a dead or silent server raises."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import requests
+import torch
+from conftest import tiny_train_config
+from fake_vllm import RecordingVLLMClient, SyncingVLLMClient
+from toy_env import LineWalkEnv
+
+from gigpo_trl import GiGPOTrainer, trl_compat
+from gigpo_trl.observers import RolloutObserver
+
+SERVER = dict(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://fake:8000", num_generations=2,
+              per_device_train_batch_size=4, steps_per_generation=1, max_steps=3, max_turns=3,
+              max_completion_length=24)
+
+
+class Scored(RolloutObserver):
+    """Each training rollout the loss receives: (rows, TRL's batch dict), in order."""
+
+    def __init__(self):
+        self.batches = []
+
+    def on_batch(self, batch, trl_batch, context):
+        if context.mode == "train":
+            self.batches.append((list(batch.rows), {k: v.clone() if torch.is_tensor(v) else v
+                                                    for k, v in trl_batch.items()}))
+
+
+def build(tmp_path, tiny_model_dir, tiny_tokenizer, client=None, **overrides):
+    """A server-mode trainer whose fake server takes weight pushes (as on CUDA); ``client``: a subclass of
+    :class:`SyncingVLLMClient` (default: a fresh one, its own ``events`` list)."""
+    RecordingVLLMClient.tokenizer = tiny_tokenizer
+    client = client or type("Client", (SyncingVLLMClient,), {"events": []})
+    args = tiny_train_config(tmp_path, **{**SERVER, **overrides})
+    able = contextlib.nullcontext(SimpleNamespace(available=True, message=None))
+    with mock.patch("trl.generation.vllm_generation.is_vllm_available", return_value=True), \
+         mock.patch("trl.generation.vllm_generation.VLLMClient", client), \
+         mock.patch("gigpo_trl.trainer.server_weight_sync_guard", lambda args: able):
+        trainer = GiGPOTrainer(tiny_model_dir, env=LineWalkEnv, args=args, processing_class=tiny_tokenizer)
+    scored = Scored()
+    trainer.add_rollout_observer(scored)
+    return trainer, client, scored
+
+
+def _unversioned(rows):
+    return [dataclasses.replace(r, policy_version=None) for r in rows]
+
+
+def _logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def test_async_run_trains_on_the_synchronous_runs_rows_one_version_per_rollout(tmp_path, tiny_model_dir,
+                                                                               tiny_tokenizer):
+    sync, sync_client, sync_scored = build(tmp_path / "sync", tiny_model_dir, tiny_tokenizer)
+    assert sync.async_rollouts is None
+    sync.train()
+    run, client, scored = build(tmp_path / "async", tiny_model_dir, tiny_tokenizer, max_staleness=1)
+    run.train()
+    assert run.async_rollouts._thread is None  # closed at the end of train()
+
+    # ---- the same rows, advantages, importance weights and trained weights as the synchronous loop
+    assert len(scored.batches) == len(sync_scored.batches) == 3
+    for (rows, out), (sync_rows, sync_out) in zip(scored.batches, sync_scored.batches):
+        assert all(r.policy_version is None for r in sync_rows)
+        assert _unversioned(rows) == sync_rows
+        for key in ("advantages", "completion_mask", "importance_sampling_ratio", "sampling_per_token_logps"):
+            torch.testing.assert_close(out[key], sync_out[key], rtol=0, atol=0, equal_nan=True)
+    for (name, p), (_, q) in zip(run.model.named_parameters(), sync.model.named_parameters()):
+        assert torch.equal(p, q), name
+    syncs = [value for kind, value in client.events if kind == "sync"]
+    assert syncs == [value for kind, value in sync_client.events if kind == "sync"] and len(syncs) == 3
+
+    # ---- each rollout's requests: one unbroken run of generate events after the push of its rows' version
+    versions = []
+    position = 0
+    for rows, _ in scored.batches:
+        (version,) = {r.policy_version for r in rows}  # one version per rollout, hence per task group
+        versions.append(version)
+        turns = max(r.turn for r in rows) + 1  # one request per turn (every episode lives all 3 turns or fewer)
+        while client.events[position][0] == "sync":
+            position += 1
+        block = client.events[position:position + turns]
+        assert [kind for kind, _ in block] == ["generate"] * turns  # no push in the middle of a rollout
+        pushes_before = sum(kind == "sync" for kind, _ in client.events[:position])
+        assert version == pushes_before - 1  # version v is the (v+1)-th push: one push per optimizer step
+        position += turns
+    # trained at version k (k optimizer steps done): staleness k - v, within max_staleness; nothing dropped
+    staleness = [k - v for k, v in enumerate(versions)]
+    assert staleness[0] == 0 and all(0 <= s <= 1 for s in staleness)
+    assert _logged(run, "async/staleness_max") == _logged(run, "async/staleness_mean") == staleness
+    assert _logged(run, "async/groups_dropped") == [0.0, 0.0, 0.0]
+    assert _logged(sync, "async/groups_dropped") == []
+
+
+def _wait_ready(rollouts, k, timeout=60.0):
+    """Wait until the producer holds iteration ``k``'s rollout (so the test decides what version it is trained at)."""
+    end = time.monotonic() + timeout
+    while k not in rollouts._ready:
+        assert time.monotonic() < end, f"no rollout {k} from the producer"
+        time.sleep(0.01)
+
+
+def test_too_old_rollouts_are_dropped_whole_and_collected_again(tmp_path, tiny_model_dir, tiny_tokenizer):
+    trainer, client, scored = build(tmp_path, tiny_model_dir, tiny_tokenizer, max_staleness=1)
+    rollouts, weights = trainer.async_rollouts, trainer.weights_version
+    loader = iter(trainer.get_train_dataloader())  # TRL's task stream: one generation batch per iteration
+    inputs = [next(loader) for _ in range(4)]
+    logged = trl_compat.metrics(trainer, "train")
+    trainer.model.train()
+
+    def iteration(k):
+        trl_compat.set_rollout_position(trainer, k, None)
+        logged.clear()
+        trainer._generate_and_score_completions(inputs[k])
+        rows = scored.batches[-1][0]
+        return {r.policy_version for r in rows}, dict(logged)
+
+    try:
+        assert iteration(0) == ({0}, {"async/wait_seconds": mock.ANY, "async/groups_dropped": [0.0],
+                                      "async/staleness_mean": [0.0], "async/staleness_max": [0.0],
+                                      **{k: mock.ANY for k in logged if not k.startswith("async/")}})
+        # iteration 1's rollout (version 0), trained two versions later: over max_staleness=1, dropped whole
+        _wait_ready(rollouts, 1)
+        weights.bump()
+        weights.bump()
+        n_events = len(client.events)
+        versions, metrics = iteration(1)
+        assert versions == {2}  # collected again, by the weights it is trained with
+        assert metrics["async/groups_dropped"] == [2.0] and metrics["async/staleness_max"] == [0.0]
+        assert client.events[n_events][0] == "sync"  # the push of version 2, then the new requests
+        assert [r.prompt_ids for r in scored.batches[-1][0] if r.turn == 0] == [
+            r.prompt_ids for r in trainer.collector.collect(inputs[1], trainer._group_ids(inputs[1])).rows
+            if r.turn == 0]
+        # iteration 2's rollout (version 2), trained one version later: kept
+        _wait_ready(rollouts, 2)
+        weights.bump()
+        versions, metrics = iteration(2)
+        assert versions == {2} and metrics["async/staleness_max"] == [1.0]
+        assert metrics["async/groups_dropped"] == [0.0]
+        # a prefetched rollout of other tasks than TRL's (not expected; guarded): TRL's tasks are collected
+        _wait_ready(rollouts, 3)
+        other = [dict(row, seed=row["seed"] + 1000) for row in inputs[3]]
+        inputs[3] = other
+        versions, metrics = iteration(3)
+        assert versions == {3} and metrics["async/groups_dropped"] == [2.0]
+        assert {r.trajectory_id[1]: r.prompt_ids for r in scored.batches[-1][0] if r.turn == 0} == {
+            r.trajectory_id[1]: r.prompt_ids for r in trainer.collector.collect(other, trainer._group_ids(other)).rows
+            if r.turn == 0}
+    finally:
+        rollouts.close()
+
+
+def test_importance_weights_use_the_behaviour_log_probs_truncated_at_the_cap(tmp_path, tiny_model_dir,
+                                                                            tiny_tokenizer):
+    cap = 4.5e-3  # the tiny model vs the fake server: log-ratios about -6.2 to -4.6, so exp(-5.4) splits them
+    trainer, _, scored = build(tmp_path, tiny_model_dir, tiny_tokenizer, max_staleness=1, max_steps=2,
+                               vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=cap)
+    trainer.train()
+    fractions = _logged(trainer, "sampling/importance_sampling_ratio/truncated_fraction")
+    assert len(scored.batches) == 2
+    for (rows, out), fraction in zip(scored.batches, fractions):
+        mask = out["completion_mask"].bool()
+        for i, row in enumerate(rows):  # the behaviour policy's log-probs: the fake server's, for its own prompt
+            n = len(row.completion_ids)
+            assert out["sampling_per_token_logps"][i, :n].tolist() == pytest.approx(row.sampling_logps)
+        raw = torch.exp(out["old_per_token_logps"] - out["sampling_per_token_logps"])
+        torch.testing.assert_close(out["importance_sampling_ratio"][mask], raw[mask].clamp(max=cap))
+        truncated = (raw[mask] > cap).float().mean().item()
+        assert 0.0 < truncated < 1.0  # both sides of the cap occur in this batch
+        assert fraction == pytest.approx(truncated, abs=1e-6)
+
+
+def test_resume_regenerates_the_rollout_in_flight_once(tmp_path, tiny_model_dir, tiny_tokenizer):
+    keep = dict(max_staleness=1, save_strategy="steps", save_steps=1, save_only_model=False)
+    first, _, first_scored = build(tmp_path, tiny_model_dir, tiny_tokenizer, **keep)
+    first.train()  # iterations 1-3; at each checkpoint the producer held the next rollout
+    resumed, client, scored = build(tmp_path, tiny_model_dir, tiny_tokenizer, **keep)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+    assert resumed.state.global_step == 3
+    # iterations 2 and 3 again, each once: the same task groups and rows as the uninterrupted run
+    assert [_unversioned(rows) for rows, _ in scored.batches] == [_unversioned(rows)
+                                                                  for rows, _ in first_scored.batches[1:]]
+    # the rollout in flight at the checkpoint was not kept: iteration 2 was generated after the resumed run's first
+    # push, of version 1 (the loaded checkpoint's weights), and trained at once (staleness 0)
+    assert client.events[0][0] == "sync" and {r.policy_version for r in scored.batches[0][0]} == {1}
+    assert _logged(resumed, "async/staleness_max")[0] == 0.0
+
+
+def test_a_server_that_dies_mid_rollout_raises_in_the_trainer(tmp_path, tiny_model_dir, tiny_tokenizer):
+    class DyingServer(SyncingVLLMClient):
+        events: list = []
+
+        def _post(self, url, json=None, **kwargs):
+            if len(self.payloads) >= 2:
+                raise requests.exceptions.ConnectionError("Connection refused")
+            return super()._post(url, json=json, **kwargs)
+
+    trainer, _, _ = build(tmp_path, tiny_model_dir, tiny_tokenizer, client=DyingServer, max_staleness=1)
+    with pytest.raises(RuntimeError, match=r"the rollout producer failed \(ConnectionError: Connection refused\); "
+                                           r"vLLM server http://fake:8000") as info:
+        trainer.train()
+    assert isinstance(info.value.__cause__, requests.exceptions.ConnectionError)
+    assert trainer.state.global_step == 0
+
+
+def test_a_server_that_stops_answering_times_out(tmp_path, tiny_model_dir, tiny_tokenizer):
+    release = threading.Event()
+
+    class SilentServer(SyncingVLLMClient):
+        events: list = []
+
+        def _post(self, url, json=None, **kwargs):
+            if len(self.payloads) >= 2:
+                release.wait(60)
+            return super()._post(url, json=json, **kwargs)
+
+    trainer, _, _ = build(tmp_path, tiny_model_dir, tiny_tokenizer, client=SilentServer, max_staleness=1,
+                          async_rollout_timeout=1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"waited async_rollout_timeout=1.0 s for the rollout producer \(the "
+                                               r"rollout of iteration 1\); is the vLLM server at http://fake:8000"):
+            trainer.train()
+        assert time.monotonic() - t0 < 30
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(max_staleness=-1), r"max_staleness must be an int >= 0, got -1"),
+    (dict(max_staleness=1, use_vllm=False), r"max_staleness=1 needs use_vllm=True with vllm_mode='server'"),
+    (dict(max_staleness=1, vllm_mode="colocate"), r"got use_vllm=True, vllm_mode='colocate'"),
+    (dict(max_staleness=1, vllm_importance_sampling_correction=False),
+     r"vllm_importance_sampling_correction=True\) is what corrects for them"),
+    (dict(max_staleness=1, dynamic_sampling=True), r"max_staleness=1 with dynamic_sampling=True is not supported"),
+    (dict(max_staleness=1, steps_per_generation=2), r"max_staleness=1 is below the optimizer steps of one rollout "
+                                                    r"\(2 = steps_per_generation"),
+    (dict(async_rollout_timeout=0), r"async_rollout_timeout must be None or a number > 0, got 0"),
+])
+def test_bad_async_settings_are_refused(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_train_config(tmp_path, **{**SERVER, **overrides})
