@@ -110,7 +110,7 @@ class AsyncRollouts:
         decode = functools.partial(trainer.processing_class.batch_decode, skip_special_tokens=True)
         # Its own collector (own env pools; no observers: the trainer tells them when it trains on a rollout).
         self.collector = build_collector(trainer.args, trainer.env_factories,
-                                         GenerationPolicy(self._generate, decode),
+                                         GenerationPolicy(self._complete_turn, decode),
                                          trl_compat.ChatTemplating(trainer), trainer._prompt_limit)
         self._cond = threading.Condition()
         self._ready: dict[int, tuple[list[dict], RolloutBatch, int | None]] = {}
@@ -120,7 +120,7 @@ class AsyncRollouts:
         self._stop = threading.Event()  # this producer's; close() sets it and makes a new one
 
     # ------------------------------------------------------------------ the producer (its thread)
-    def _generate(self, prompt_ids: list[list[int]]):
+    def _complete_turn(self, prompt_ids: list[list[int]]):
         # No weight push here: only the trainer's thread pushes, between optimizer steps, under the weights' lock.
         if threading.current_thread() is not self._thread:  # close() was called: end this rollout at its next turn
             raise _Cancelled

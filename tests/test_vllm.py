@@ -182,7 +182,14 @@ def test_score_logps_puts_the_vllm_ratio_in_the_batch_and_logs_its_metrics(tmp_p
     assert {k for k in logged if k.startswith("sampling/")} == {
         "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
         "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-        "sampling/importance_sampling_ratio/max"}
+        "sampling/importance_sampling_ratio/max", "sampling/importance_sampling_ratio/truncated_fraction"}
+    # the three loss tokens' ratios before masking: (0, 0) and (1, 0) against -1 and -2, (0, 1) has no sampling
+    # log-prob (ratio 1); outside [clip_min, clip_max] (TRL's defaults) counts as truncated
+    old = out["old_per_token_logps"]
+    raw = torch.stack([torch.exp(old[0, 0] + 1.0), torch.tensor(1.0), torch.exp(old[1, 0] + 2.0)])
+    lo, hi = trainer.vllm_importance_sampling_clip_min or 0.0, trainer.vllm_importance_sampling_clip_max
+    assert logged["sampling/importance_sampling_ratio/truncated_fraction"] == [
+        pytest.approx(float(((raw < lo) | (raw > hi)).float().mean()))]
     trainer.collector.close()
 
 
