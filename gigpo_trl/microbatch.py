@@ -193,6 +193,7 @@ def scoring_sub_batches(
     pad_to_multiple_of: int | None = None,
     filler_rows: Sequence[int] = (),
     prompts: Sequence[Sequence[int]] | None = None,
+    completions: Sequence[Sequence[int]] | None = None,
 ) -> list[tuple[list[int], int, int]]:
     """Forwards of a no-grad scoring pass (old / reference log-probs) under a padded-token budget.
 
@@ -200,7 +201,9 @@ def scoring_sub_batches(
     another width reads the scored values at masked positions too, so every column gets a real value) and their
     longest prompt; ``filler_rows`` (zero-mask rows that pad a rank, never trained on past their first column) are
     scored at one prompt and one completion token, ``max_tokens // 2`` of them per forward. With ``prompts`` (each
-    row's prompt tokens) the rollout rows are packed by :func:`pack_rows_shared` (shared prefixes counted once).
+    row's prompt tokens) the rollout rows are packed by :func:`pack_rows_shared` (shared prefixes counted once), and
+    with ``completions`` too (each row's real completion tokens) by :func:`gigpo_trl.chains.pack_rows_chained` (each
+    trajectory chain's tokens counted once).
 
     Returns:
         ``[(rows, prompt width, completion width)]``: every row index in ``range(len(prompt_lengths))`` once.
@@ -210,7 +213,12 @@ def scoring_sub_batches(
     real = [i for i in range(len(prompt_lengths)) if i not in skip]
     widths = [completion_width] * len(prompt_lengths)
     out = []
-    if prompts is None:
+    if prompts is not None and completions is not None:
+        from .chains import pack_rows_chained  # chains imports this module's packer: import here, not at the top
+
+        packs = pack_rows_chained([prompts[i] for i in real], [completions[i] for i in real], max_tokens,
+                                  pad_to_multiple_of)
+    elif prompts is None:
         packs = pack_rows([prompt_lengths[i] for i in real], [completion_width] * len(real), max_tokens,
                           pad_to_multiple_of)
     else:

@@ -258,14 +258,16 @@ def unsupported_reason(model) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- the forward
-def _labels(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+def _labels(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int, label_mask=None) -> torch.Tensor:
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :-logits_to_keep] = -100
+    if label_mask is not None:
+        labels[:, -logits_to_keep:] = labels[:, -logits_to_keep:].masked_fill(~label_mask, -100)
     return labels
 
 
 def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                        plan: PrefixPlan, compute_entropy: bool = False, autocast=None):
+                        plan: PrefixPlan, compute_entropy: bool = False, autocast=None, label_mask=None):
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, computed with shared prefixes.
 
     Same contract as TRL's ``GRPOTrainer._get_per_token_logps_and_entropies`` on one chunk: ``input_ids`` /
@@ -273,11 +275,15 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
     (``C = logits_to_keep``); ``model`` has TRL's fused LM head (``model(..., labels=, fused_lm_head=True)``
     returns ``log_probs``/``entropy``, ``trl.trainer.utils.add_fused_lm_head``) and may be wrapped by PEFT, DDP or
     DeepSpeed. Runs exactly two forwards of ``model`` (prefix, suffix), also when ``plan`` has no group (then a
-    one-token dummy prefix no row attends to), so ranks under ZeRO-3 stay in step.
+    one-token dummy prefix no row attends to), so ranks under ZeRO-3 stay in step. A row whose prompt mask is not one
+    run (no group: :func:`prompts_from_batch` gives it no tokens) runs whole in the suffix pass, its prompt columns
+    from the first real one copied with their mask, so its positions and keys are those of the unshared row.
 
     Args:
         plan: from :func:`plan_prefix_groups` on :func:`prompts_from_batch` of these rows.
         autocast: a context manager factory for the forwards (TRL: ``accelerator.autocast``); ``None``: none.
+        label_mask: ``(B, C)`` bool, the completion columns whose log-prob is computed (``None``: every real one);
+            the others hold 0 (with TRL's fused LM head on a GPU, their vocabulary projection is skipped).
 
     Returns:
         ``(logps (B, C), entropies (B, C) or None)``; gradients flow to the model parameters through both passes.
@@ -299,8 +305,12 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
     if g_count == 0:  # dummy one-token prefix, masked out for every row below
         prefix_ids[0, 0] = input_ids[0, -1]
         prefix_mask[0, 0] = 1
-    # ---- suffix batch (B, S + C): the prompt tail left-padded, then the completion columns as they are
-    s_width = plan.suffix_prompt_width
+    # ---- suffix batch (B, S + C): the prompt tail left-padded, then the completion columns as they are. A row's
+    # prompt span runs from its first real column (a prompt mask with gaps keeps them, masked).
+    real = attention_mask[:, :width] != 0
+    first = torch.where(real.any(1), real.float().argmax(1), torch.full_like(real[:, 0], width, dtype=torch.long))
+    spans = (width - first).tolist()
+    s_width = max([1] + [spans[i] - plan.prefix_of_row(i) for i in range(b)])
     suffix_ids = input_ids.new_zeros((b, s_width + c))
     suffix_mask = attention_mask.new_zeros((b, s_width + c))
     suffix_ids[:, s_width:] = input_ids[:, width:]
@@ -310,10 +320,10 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
     index = torch.zeros(b, dtype=torch.long, device=device)
     for i in range(b):
         lp = plan.prefix_of_row(i)
-        tail = plan.prompt_lengths[i] - lp
+        tail = spans[i] - lp
         if tail:
             suffix_ids[i, s_width - tail : s_width] = input_ids[i, width - tail : width]
-            suffix_mask[i, s_width - tail : s_width] = 1
+            suffix_mask[i, s_width - tail : s_width] = attention_mask[i, width - tail : width]
         g = plan.group_of_row[i]
         if g >= 0:
             index[i] = g
@@ -327,10 +337,10 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
             model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_pos,
                   past_key_values=record, use_cache=False, logits_to_keep=1)
         read = Cache(layers=[_ReadLayer(layer.keys, layer.values, index) for layer in record.layers])
+        labels = _labels(suffix_ids, suffix_mask, c, label_mask)
         with enter():
             out = model(input_ids=suffix_ids, attention_mask=torch.cat([full_prefix_mask, suffix_mask], dim=1),
-                        position_ids=suffix_pos, past_key_values=read, labels=_labels(suffix_ids, suffix_mask, c),
-                        fused_lm_head=True)
+                        position_ids=suffix_pos, past_key_values=read, labels=labels, fused_lm_head=True)
     logps = out.log_probs[:, -c:]
     entropies = out.entropy[:, -c:] if compute_entropy else None
     return logps, entropies

@@ -8,7 +8,8 @@ sub-batch with the weight that makes the summed gradient equal the unsplit micro
 merges the per-sub-batch metrics, and scores the no-grad old / reference log-probs within the same budget.
 
 When the trainer's forwards share prompt prefixes (:class:`~gigpo_trl.prefix_sharing_mixin.PrefixSharingMixin`, a
-base of this mixin), sub-batches are packed counting a shared prefix once.
+base of this mixin), sub-batches are packed counting a shared prefix once and each trajectory chain's tokens once
+(:func:`gigpo_trl.chains.pack_rows_chained`), and each training micro-batch logs ``forward/tokens_per_unique_token``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from . import trl_compat
+from .chains import pack_rows_chained, rows_of_batch, unique_tokens
 from .grad_accumulation import Fp32GradAccumulator
 from .microbatch import (drop_filler_rows, pack_rows, pack_rows_shared, row_lengths, scoring_sub_batches,
                          sub_batch_widths, take_rows)
@@ -35,6 +37,27 @@ class TokenBudgetMixin(PrefixSharingMixin):
     prompt prefixes (then a shared prefix counts once in a sub-batch's tokens)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """:meth:`_budgeted_loss`; in training, also logs ``forward/tokens_per_unique_token``: the real tokens the
+        micro-batch's forwards computed (:class:`~gigpo_trl.prefix_sharing_mixin.PrefixSharingMixin` counts them) per
+        distinct token prefix of its rows (:func:`~gigpo_trl.chains.unique_tokens`; 1.0: each token once)."""
+        training = self.model.training and torch.is_grad_enabled() and not return_outputs
+        self._forwarded_tokens = 0
+        try:
+            out = self._budgeted_loss(model, inputs, return_outputs, num_items_in_batch)
+            forwarded = self._forwarded_tokens
+        finally:
+            del self._forwarded_tokens
+        if training:
+            prompts, completions = rows_of_batch(*_forward_input(inputs))
+            real = inputs.get("real_row_mask")
+            rows = [(p or []) + (c or []) for i, (p, c) in enumerate(zip(prompts, completions))
+                    if real is None or bool(real[i])]
+            unique = unique_tokens(rows)
+            if unique:
+                trl_compat.metrics(self, "train")["forward/tokens_per_unique_token"].append(forwarded / unique)
+        return out
+
+    def _budgeted_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss on one micro-batch, run as sub-batches of at most ``max_tokens_per_microbatch`` padded tokens.
 
         The rows are packed by length (:func:`gigpo_trl.microbatch.pack_rows`) and each sub-batch is trimmed to its
@@ -109,7 +132,10 @@ class TokenBudgetMixin(PrefixSharingMixin):
         real = inputs.get("real_row_mask")
         keep = list(range(len(p_len))) if real is None else torch.nonzero(real).flatten().tolist()  # no filler
         subs = []
-        if self._prefix_sharing_reason(self.model, training=True) is None:
+        prompts, completions = rows_of_batch(*_forward_input(inputs))
+        if self._prefix_sharing_reason(self.model, training=True) is None and None not in prompts + completions:
+            packs = pack_rows_chained([prompts[i] for i in keep], [completions[i] for i in keep], budget, multiple)
+        elif self._prefix_sharing_reason(self.model, training=True) is None:
             prompts = prompts_from_batch(inputs["prompt_ids"], inputs["prompt_mask"], 0)
             packs = pack_rows_shared([prompts[i] for i in keep], [c_len[i] for i in keep], budget, multiple)
         else:
@@ -237,10 +263,13 @@ class TokenBudgetMixin(PrefixSharingMixin):
         p_len = attention_mask[:, :width].sum(dim=1).tolist()
         n = input_ids.size(0)
         filler = range(n if real_rows is None else real_rows, n)
-        prompts = None
+        prompts = completions = None
         if self._prefix_sharing_reason(model, training=False) is None:
-            prompts = prompts_from_batch(input_ids, attention_mask, logits_to_keep)
-        bins = scoring_sub_batches(p_len, logits_to_keep, budget, self.pad_to_multiple_of, filler, prompts)
+            prompts, completions = rows_of_batch(input_ids, attention_mask, logits_to_keep)
+            if None in prompts + completions:
+                prompts, completions = prompts_from_batch(input_ids, attention_mask, logits_to_keep), None
+        bins = scoring_sub_batches(p_len, logits_to_keep, budget, self.pad_to_multiple_of, filler, prompts,
+                                   completions)
         n_max, _ = self._agree_on_sub_batches(len(bins), [0.0] * len(bins))
         out = None
         for i in range(n_max):
@@ -257,3 +286,9 @@ class TokenBudgetMixin(PrefixSharingMixin):
             if i < len(bins):
                 out[index, :wc] = logps
         return out
+
+
+def _forward_input(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(input_ids, attention_mask, logits_to_keep)`` of TRL's forward over a batch dict."""
+    return (torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), inputs["completion_ids"].size(1))

@@ -1,0 +1,237 @@
+"""Trajectory chains: the rows of a conversation episode computed in one forward of its longest row.
+
+In a conversation episode (``history_mode="conversation"``, :mod:`gigpo_trl.conversation`) turn t+1's prompt is
+turn t's prompt + completion + the next observation, so the rows of one transcript repeat each other: a per-row
+forward over T turns reads O(T²) tokens where the transcript has O(T). A **chain** is a set of rows whose real
+tokens (prompt + completion) are each a prefix of one row's prompt + completion, its *leaf*: the forward of the leaf
+alone holds every member's completion tokens at the same positions, after the same tokens, as the member's own
+forward, so each member's completion log-probs and entropies are read from it (:func:`chain_logps`).
+
+Chains are found from the token ids alone (:func:`plan_chains`), so rows that are not an extension (a window-mode
+prompt, a transcript restarted by ``conversation_max_turns`` or the prompt limit, a left-truncated prompt) simply
+form chains of their own: correctness never depends on episode metadata. The chain forward is the shared-prefix
+forward (:func:`gigpo_trl.prefix_sharing.shared_prefix_logps`) over one *unit* row per chain: the leaf's tokens,
+split where the chain's shortest prompt ends, labelled only at the members' completion positions; the group's shared
+prefix (system prompt, task) is still computed once across chains.
+
+Gradients: a member's completion tokens appear once in the unit; the loss on them (as a completion) and their role
+as context of later members flow through the same activations, which is what the per-row forwards compute in sum.
+
+Token budget (:func:`pack_rows_chained`): a chain counts its leaf's tokens once. A chain whose leaf is longer than
+the budget is split, not recomputed: its members that fit the budget form one unit (they are prefixes of one
+sequence, so the longest of them bounds that forward), and each longer member runs alone, as it would without
+chains (a row longer than the budget always gets a forward of its own); no forward is then larger than the unshared
+path's largest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .prefix_sharing import plan_prefix_groups, shared_prefix_logps
+
+
+# ---------------------------------------------------------------------------------------------- planning (pure)
+@dataclass(frozen=True)
+class ChainPlan:
+    """Which rows are read from which unit forward.
+
+    Attributes:
+        units: per unit, its member rows, shortest first; the last member is the leaf (its tokens are the unit's).
+        prompt_lengths / completion_lengths: per row, its real prompt and completion lengths.
+    """
+
+    units: tuple[tuple[int, ...], ...]
+    prompt_lengths: tuple[int, ...]
+    completion_lengths: tuple[int, ...]
+
+    @property
+    def chained_rows(self) -> int:
+        """Rows read from another row's forward (0: chains change nothing)."""
+        return sum(len(u) - 1 for u in self.units)
+
+    def unit_split(self, u: int) -> tuple[int, int]:
+        """``(prompt length, completion length)`` of unit ``u``: its shortest prompt, and the rest of the leaf."""
+        members = self.units[u]
+        head = min(self.prompt_lengths[r] for r in members)
+        leaf = members[-1]
+        return head, self.prompt_lengths[leaf] + self.completion_lengths[leaf] - head
+
+
+def _is_prefix(short: Sequence[int], long: Sequence[int]) -> bool:
+    n = len(short)
+    if n > len(long):
+        return False
+    if n and (short[-1] != long[n - 1] or short[n // 2] != long[n // 2]):  # cheap rejects before the full compare
+        return False
+    return list(long[:n]) == list(short)
+
+
+def plan_chains(prompts: Sequence[Sequence[int] | None], completions: Sequence[Sequence[int] | None],
+                max_tokens: int | None = None) -> ChainPlan:
+    """Group rows into chains (pure).
+
+    Row r extends row q when q's prompt + completion is a prefix of r's prompt and r's prompt is longer. A leaf is a row no other row extends;
+    every other row joins the unit of a leaf reached by following extensions (its tokens are a prefix of that leaf's
+    prompt), the first one found in row order. Rows given as ``None`` (a prompt or completion mask that is not one
+    run) stay alone. With ``max_tokens``, a unit's members whose prompt + completion exceed it each leave the unit and
+    run alone (see the module docstring).
+
+    Returns:
+        A :class:`ChainPlan`: every row in exactly one unit; deterministic for the same input.
+    """
+    n = len(prompts)
+    ok = [prompts[i] is not None and completions[i] is not None for i in range(n)]
+    p_len = tuple(len(prompts[i]) if ok[i] else 0 for i in range(n))
+    c_len = tuple(len(completions[i]) if ok[i] else 0 for i in range(n))
+    full = [list(prompts[i]) + list(completions[i]) if ok[i] else None for i in range(n)]
+    by_length = sorted((i for i in range(n) if ok[i]), key=lambda i: (p_len[i], i))
+    child = [-1] * n  # one row that extends this one
+    for i in by_length:
+        for j in by_length:
+            # strictly longer prompts: rows identical up to their prompt end do not extend each other
+            if p_len[j] > p_len[i] and p_len[j] >= p_len[i] + c_len[i] and _is_prefix(full[i], prompts[j]):
+                child[i] = j
+                break
+    leaf_of = list(range(n))
+    for i in range(n):
+        k = i
+        while child[k] >= 0:  # each step strictly lengthens the prompt: no cycle
+            k = child[k]
+        leaf_of[i] = k
+    members: dict[int, list[int]] = {}
+    for i in range(n):
+        members.setdefault(leaf_of[i], []).append(i)
+    units: list[tuple[int, ...]] = []
+    for leaf in sorted(members):
+        rows = sorted(members[leaf], key=lambda r: (p_len[r] + c_len[r], r != leaf, r))
+        if max_tokens is not None:
+            fits = [r for r in rows if p_len[r] + c_len[r] <= max_tokens]
+            units += [(r,) for r in rows if r not in fits]
+            rows = fits
+        if rows:
+            units.append(tuple(rows))
+    units.sort(key=lambda u: min(u))
+    return ChainPlan(tuple(units), p_len, c_len)
+
+
+def unique_tokens(sequences: Sequence[Sequence[int]]) -> int:
+    """Distinct prefixes among ``sequences`` (the nodes of their token trie): the tokens a forward must compute at
+    least once. Sorted sequences share with their neighbour exactly their longest common prefix with any other."""
+    ordered = sorted(tuple(s) for s in sequences)
+    total, previous = 0, ()
+    for s in ordered:
+        common = 0
+        for a, b in zip(previous, s):
+            if a != b:
+                break
+            common += 1
+        total += len(s) - common
+        previous = s
+    return total
+
+
+def rows_of_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  logits_to_keep: int) -> tuple[list[list[int] | None], list[list[int] | None]]:
+    """Per row of a TRL forward input (``[left-padded prompt | right-padded completion]``), its real prompt and
+    completion tokens; ``None`` where that part's mask is not one run (at the right of the prompt, at the left of the
+    completion)."""
+    width = input_ids.size(1) - logits_to_keep
+    mask = attention_mask.bool()
+    ids = input_ids.tolist()
+    p_len, c_len = mask[:, :width].sum(1).tolist(), mask[:, width:].sum(1).tolist()
+    prompts: list[list[int] | None] = []
+    completions: list[list[int] | None] = []
+    for i in range(input_ids.size(0)):
+        p, c = p_len[i], c_len[i]
+        prompt_run = bool(mask[i, width - p : width].all()) if p else True
+        completion_run = bool(mask[i, width : width + c].all()) if c else True
+        prompts.append(ids[i][width - p : width] if prompt_run else None)
+        completions.append(ids[i][width : width + c] if completion_run else None)
+    return prompts, completions
+
+
+def pack_rows_chained(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], max_tokens: int,
+                      pad_to_multiple_of: int | None = None) -> list[list[int]]:
+    """Sub-batches of rows for forwards that run chains and shared prefixes: every unit of :func:`plan_chains`
+    (split at ``max_tokens``) is one row of :func:`gigpo_trl.microbatch.pack_rows_shared` (prompt: the unit's
+    shortest prompt; completion: the rest of its leaf), so a sub-batch's size counts each chain's tokens once and
+    the group's shared prefix once, and the rows of a unit stay together.
+
+    Returns:
+        Sub-batches as ascending lists of row indices, every index of ``range(len(prompts))`` once.
+    """
+    from .microbatch import pack_rows_shared  # microbatch imports prefix_sharing only: no cycle either way
+
+    plan = plan_chains(prompts, completions, max_tokens)
+    unit_prompts, unit_completions = [], []
+    for u, rows in enumerate(plan.units):
+        head, rest = plan.unit_split(u)
+        leaf = rows[-1]
+        unit_prompts.append(list(prompts[leaf])[:head])
+        unit_completions.append(rest)
+    bins = pack_rows_shared(unit_prompts, unit_completions, max_tokens, pad_to_multiple_of)
+    return [sorted(r for u in b for r in plan.units[u]) for b in bins]
+
+
+# ---------------------------------------------------------------------------------------------- the forward
+def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, plan: ChainPlan,
+                compute_entropy: bool = False, autocast=None, stats: dict | None = None):
+    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, each unit of ``plan`` computed in
+    one forward (with shared prefixes across units).
+
+    Same contract as :func:`gigpo_trl.prefix_sharing.shared_prefix_logps` on one chunk (TRL's layout, fused LM head,
+    exactly two forwards of ``model``), except that columns past a row's completion hold 0 instead of the values
+    TRL computes on padding (every loss masks them). Every row must have one-run masks (:func:`rows_of_batch` gives
+    no ``None``).
+
+    Args:
+        plan: from :func:`plan_chains` over :func:`rows_of_batch` of these rows.
+        stats: if given, ``stats["tokens"]`` is increased by the real tokens the forwards computed.
+
+    Returns:
+        ``(logps (B, C), entropies (B, C) or None)``, differentiable through the unit forward.
+    """
+    b, total = input_ids.shape
+    width = total - logits_to_keep
+    device = input_ids.device
+    splits = [plan.unit_split(u) for u in range(len(plan.units))]
+    unit_width = max(h for h, _ in splits)
+    unit_c = max(1, max(r for _, r in splits))
+    u_count = len(plan.units)
+    ids = input_ids.new_zeros((u_count, unit_width + unit_c))
+    mask = attention_mask.new_zeros((u_count, unit_width + unit_c))
+    labelled = torch.zeros((u_count, unit_c), dtype=torch.bool, device=device)
+    # source of each (row, column) of the output in the flattened unit output; the extra last slot holds 0
+    source = torch.full((b, logits_to_keep), u_count * unit_c, dtype=torch.long)
+    unit_prompts = []
+    for u, (rows, (head, rest)) in enumerate(zip(plan.units, splits)):
+        leaf = rows[-1]
+        p_leaf, c_leaf = plan.prompt_lengths[leaf], plan.completion_lengths[leaf]
+        tokens = torch.cat([input_ids[leaf, width - p_leaf : width], input_ids[leaf, width : width + c_leaf]])
+        ids[u, unit_width - head : unit_width + rest] = tokens
+        mask[u, unit_width - head : unit_width + rest] = 1
+        unit_prompts.append(tokens[:head].tolist())
+        for r in rows:
+            offset, c = plan.prompt_lengths[r] - head, plan.completion_lengths[r]
+            labelled[u, offset : offset + c] = True
+            source[r, :c] = u * unit_c + offset + torch.arange(c)
+    prefix_plan = plan_prefix_groups(unit_prompts, unit_c)
+    logps, entropies = shared_prefix_logps(model, ids, mask, unit_c, prefix_plan, compute_entropy, autocast,
+                                           label_mask=labelled)
+    if stats is not None:
+        stats["tokens"] = stats.get("tokens", 0) + sum(prefix_plan.prefix_lengths) + int(mask.sum()) - sum(
+            prefix_plan.prefix_of_row(u) for u in range(u_count))
+    source = source.to(device)
+
+    def gather(values: torch.Tensor) -> torch.Tensor:
+        flat = torch.cat([values.reshape(-1), values.new_zeros(1)])
+        return flat[source]
+
+    return gather(logps), (gather(entropies) if compute_entropy else None)
+
+
+__all__ = ["ChainPlan", "chain_logps", "pack_rows_chained", "plan_chains", "rows_of_batch", "unique_tokens"]
