@@ -17,11 +17,11 @@ prefix (system prompt, task) is still computed once across chains.
 Gradients: a member's completion tokens appear once in the unit; the loss on them (as a completion) and their role
 as context of later members flow through the same activations, which is what the per-row forwards compute in sum.
 
-Token budget (:func:`pack_rows_chained`): a chain counts its leaf's tokens once. A chain whose leaf is longer than
-the budget is split, not recomputed: its members that fit the budget form one unit (they are prefixes of one
-sequence, so the longest of them bounds that forward), and each longer member runs alone, as it would without
-chains (a row longer than the budget always gets a forward of its own); no forward is then larger than the unshared
-path's largest.
+Token budget (:func:`gigpo_trl.microbatch.pack_rows_chained`): a chain counts its leaf's tokens once. A chain
+whose leaf is longer than the budget is split, not recomputed: its members that fit the budget form one unit (they
+are prefixes of one sequence, so the longest of them bounds that forward), and each longer member runs alone, as it
+would without chains (a row longer than the budget always gets a forward of its own); no forward is then larger than
+the unshared path's largest.
 """
 
 from __future__ import annotations
@@ -74,11 +74,11 @@ def plan_chains(prompts: Sequence[Sequence[int] | None], completions: Sequence[S
                 max_tokens: int | None = None) -> ChainPlan:
     """Group rows into chains (pure).
 
-    Row r extends row q when q's prompt + completion is a prefix of r's prompt and r's prompt is longer. A leaf is a row no other row extends;
-    every other row joins the unit of a leaf reached by following extensions (its tokens are a prefix of that leaf's
-    prompt), the first one found in row order. Rows given as ``None`` (a prompt or completion mask that is not one
-    run) stay alone. With ``max_tokens``, a unit's members whose prompt + completion exceed it each leave the unit and
-    run alone (see the module docstring).
+    Row r extends row q when q's prompt + completion is a prefix of r's prompt and r's prompt is longer. A leaf is a
+    row no other row extends; every other row joins the unit of a leaf reached by following extensions (its tokens
+    are a prefix of that leaf's prompt), the first one found in row order. Rows given as ``None`` (a prompt or
+    completion mask that is not one run) stay alone. With ``max_tokens``, a unit's members whose prompt + completion
+    exceed it each leave the unit and run alone (see the module docstring).
 
     Returns:
         A :class:`ChainPlan`: every row in exactly one unit; deterministic for the same input.
@@ -154,29 +154,6 @@ def rows_of_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return prompts, completions
 
 
-def pack_rows_chained(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], max_tokens: int,
-                      pad_to_multiple_of: int | None = None) -> list[list[int]]:
-    """Sub-batches of rows for forwards that run chains and shared prefixes: every unit of :func:`plan_chains`
-    (split at ``max_tokens``) is one row of :func:`gigpo_trl.microbatch.pack_rows_shared` (prompt: the unit's
-    shortest prompt; completion: the rest of its leaf), so a sub-batch's size counts each chain's tokens once and
-    the group's shared prefix once, and the rows of a unit stay together.
-
-    Returns:
-        Sub-batches as ascending lists of row indices, every index of ``range(len(prompts))`` once.
-    """
-    from .microbatch import pack_rows_shared  # microbatch imports prefix_sharing only: no cycle either way
-
-    plan = plan_chains(prompts, completions, max_tokens)
-    unit_prompts, unit_completions = [], []
-    for u, rows in enumerate(plan.units):
-        head, rest = plan.unit_split(u)
-        leaf = rows[-1]
-        unit_prompts.append(list(prompts[leaf])[:head])
-        unit_completions.append(rest)
-    bins = pack_rows_shared(unit_prompts, unit_completions, max_tokens, pad_to_multiple_of)
-    return [sorted(r for u in b for r in plan.units[u]) for b in bins]
-
-
 # ---------------------------------------------------------------------------------------------- the forward
 def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, plan: ChainPlan,
                 compute_entropy: bool = False, autocast=None, stats: dict | None = None):
@@ -234,4 +211,4 @@ def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
     return gather(logps), (gather(entropies) if compute_entropy else None)
 
 
-__all__ = ["ChainPlan", "chain_logps", "pack_rows_chained", "plan_chains", "rows_of_batch", "unique_tokens"]
+__all__ = ["ChainPlan", "chain_logps", "plan_chains", "rows_of_batch", "unique_tokens"]

@@ -179,13 +179,14 @@ class GiGPOConfig(GRPOConfig):
             `top_entropy_quantile < 1`, an entropy bonus (`entropy_coef`, `use_adaptive_entropy`) or the LOMO
             optimizers, whose terms are not sums over rows.
         share_prompt_prefix (`bool`, *optional*, defaults to `True`):
-            Compute the token prefix that rows of one forward share (system prompt, task text, common history)
-            once per forward, for the loss and the old/reference log-prob passes: a prefix pass with a key/value
-            cache, then each row's remaining tokens attending to it (:mod:`gigpo_trl.prefix_sharing`). Exact: the
-            log-probs and the gradient equal the unshared forward's up to float rounding. The token budget then
-            counts a shared prefix once. A model whose attention cannot do it (not eager/SDPA, sliding-window or
-            linear-attention layers, multimodal), reentrant gradient checkpointing or an MoE aux loss run the
-            unshared forward, with one warning.
+            Compute each token that rows of one forward share once, for the loss and the old/reference log-prob
+            passes: the prefix rows share (system prompt, task text) in a prefix pass with a key/value cache
+            (:mod:`gigpo_trl.prefix_sharing`), and the rows of a conversation episode (a turn's prompt extends the
+            previous turn's prompt + completion) from one forward of its longest row (:mod:`gigpo_trl.chains`).
+            Exact up to float rounding (the tests bound it at 1e-5 relative in fp32). The token budget then counts
+            a shared token once. A model whose attention cannot do it (not eager/SDPA, sliding-window or
+            linear-attention layers, multimodal), reentrant gradient checkpointing, dropout active in train mode or
+            an MoE aux loss run the unshared forward, with one warning.
 
         > Parameters whose default differs from [`~trl.GRPOConfig`]
 
@@ -365,8 +366,8 @@ class GiGPOConfig(GRPOConfig):
     )
     share_prompt_prefix: bool = field(
         default=True,
-        metadata={"help": "Compute the token prefix that rows of a forward share (system prompt, task, common "
-                          "history) once, for the loss and the old/ref log-probs; exact. False: every row whole."},
+        metadata={"help": "Compute the tokens that rows of a forward share (system prompt, task, a conversation's "
+                          "earlier turns) once, for the loss and old/ref log-probs; exact. False: every row whole."},
     )
     # Changed defaults: dropout off, so that the sampled policy is the one that is scored and trained.
     disable_dropout: bool = field(

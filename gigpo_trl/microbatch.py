@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .chains import plan_chains
 from .prefix_sharing import plan_prefix_groups
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
@@ -140,6 +141,27 @@ def pack_rows_shared(
     return [sorted(b) for b in bins]
 
 
+def pack_rows_chained(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], max_tokens: int,
+                      pad_to_multiple_of: int | None = None) -> list[list[int]]:
+    """Sub-batches of rows for forwards that run trajectory chains (:mod:`gigpo_trl.chains`) and shared prefixes:
+    every unit of :func:`~gigpo_trl.chains.plan_chains` (split at ``max_tokens``) is one row of
+    :func:`pack_rows_shared` (prompt: the unit's shortest prompt; completion: the rest of its leaf), so a sub-batch's
+    size counts each chain's tokens once and the group's shared prefix once, and the rows of a unit stay together.
+
+    Returns:
+        Sub-batches as ascending lists of row indices, every index of ``range(len(prompts))`` once.
+    """
+    plan = plan_chains(prompts, completions, max_tokens)
+    unit_prompts, unit_completions = [], []
+    for u, rows in enumerate(plan.units):
+        head, rest = plan.unit_split(u)
+        leaf = rows[-1]
+        unit_prompts.append(list(prompts[leaf])[:head])
+        unit_completions.append(rest)
+    bins = pack_rows_shared(unit_prompts, unit_completions, max_tokens, pad_to_multiple_of)
+    return [sorted(r for u in b for r in plan.units[u]) for b in bins]
+
+
 def row_lengths(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list[int], list[int]]:
     """Per-row prompt length (real tokens of a left-padded ``(B, P)`` mask) and completion extent (one past the
     last masked-in position of a right-padded ``(B, C)`` mask; 0 for an all-zero row): what must be kept."""
@@ -202,7 +224,7 @@ def scoring_sub_batches(
     longest prompt; ``filler_rows`` (zero-mask rows that pad a rank, never trained on past their first column) are
     scored at one prompt and one completion token, ``max_tokens // 2`` of them per forward. With ``prompts`` (each
     row's prompt tokens) the rollout rows are packed by :func:`pack_rows_shared` (shared prefixes counted once), and
-    with ``completions`` too (each row's real completion tokens) by :func:`gigpo_trl.chains.pack_rows_chained` (each
+    with ``completions`` too (each row's real completion tokens) by :func:`pack_rows_chained` (each
     trajectory chain's tokens counted once).
 
     Returns:
@@ -214,8 +236,6 @@ def scoring_sub_batches(
     widths = [completion_width] * len(prompt_lengths)
     out = []
     if prompts is not None and completions is not None:
-        from .chains import pack_rows_chained  # chains imports this module's packer: import here, not at the top
-
         packs = pack_rows_chained([prompts[i] for i in real], [completions[i] for i in real], max_tokens,
                                   pad_to_multiple_of)
     elif prompts is None:

@@ -53,7 +53,8 @@ class PrefixSharingMixin:
             zero3 = getattr(getattr(self.args, "deepspeed_plugin", None), "zero_stage", None) == 3
             peft = hasattr(model, "peft_config") or hasattr(getattr(model, "module", None), "peft_config")
             forced = " (TRL forces it for PEFT + DeepSpeed ZeRO-3)" if zero3 and peft else ""
-            reason = f"reentrant gradient checkpointing (gradient_checkpointing_kwargs={{'use_reentrant': True}}){forced}"
+            reason = ("reentrant gradient checkpointing (gradient_checkpointing_kwargs={'use_reentrant': True})"
+                      + forced)
         if reason is None and getattr(model, "training", False):
             reason = active_dropout(model)
         if reason is not None:

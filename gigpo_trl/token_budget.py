@@ -9,7 +9,8 @@ merges the per-sub-batch metrics, and scores the no-grad old / reference log-pro
 
 When the trainer's forwards share prompt prefixes (:class:`~gigpo_trl.prefix_sharing_mixin.PrefixSharingMixin`, a
 base of this mixin), sub-batches are packed counting a shared prefix once and each trajectory chain's tokens once
-(:func:`gigpo_trl.chains.pack_rows_chained`), and each training micro-batch logs ``forward/tokens_per_unique_token``.
+(:func:`gigpo_trl.microbatch.pack_rows_chained`), and each training micro-batch logs
+``forward/tokens_per_unique_token``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import torch
 from accelerate.utils import DistributedType
 
 from . import trl_compat
-from .chains import pack_rows_chained, rows_of_batch, unique_tokens
+from .chains import rows_of_batch, unique_tokens
 from .grad_accumulation import Fp32GradAccumulator
-from .microbatch import (drop_filler_rows, pack_rows, pack_rows_shared, row_lengths, scoring_sub_batches,
-                         sub_batch_widths, take_rows)
+from .microbatch import (drop_filler_rows, pack_rows, pack_rows_chained, pack_rows_shared, row_lengths,
+                         scoring_sub_batches, sub_batch_widths, take_rows)
 from .prefix_sharing import prompts_from_batch
 from .prefix_sharing_mixin import PrefixSharingMixin
 

@@ -9,7 +9,8 @@ import torch
 
 from conftest import unshared_logps
 
-from gigpo_trl.chains import chain_logps, pack_rows_chained, plan_chains, rows_of_batch, unique_tokens
+from gigpo_trl.chains import chain_logps, plan_chains, rows_of_batch, unique_tokens
+from gigpo_trl.microbatch import pack_rows_chained
 
 C = 6
 
@@ -206,7 +207,8 @@ def _batch(tokenizer):
         "prompt_ids": ids[:, :-C], "prompt_mask": mask[:, :-C], "completion_ids": ids[:, -C:],
         "completion_mask": mask[:, -C:], "advantages": torch.randn(n, generator=g) * real,
         "num_items_in_batch": mask[:, -C:].sum(), "real_row_mask": real,
-        "old_per_token_logps": -torch.rand(n, C, generator=g) * 3, "ref_per_token_logps": -torch.rand(n, C, generator=g) * 3,
+        "old_per_token_logps": -torch.rand(n, C, generator=g) * 3,
+        "ref_per_token_logps": -torch.rand(n, C, generator=g) * 3,
     }
 
 

@@ -349,3 +349,102 @@ def test_rollout_rows_budgeted_shared_equals_unsplit_unshared(trainer, tiny_toke
     assert l1 == pytest.approx(l0, rel=1e-4, abs=1e-7)
     assert float((g1 - g0).norm() / g0.norm()) < 1e-4
     assert t_shared < t_split < t0
+
+
+# ---------------------------------------------------------------------------------------------- fallbacks
+def test_prompt_with_a_gap_keeps_its_prompt(tiny_tokenizer):
+    """A row whose prompt mask is not one run shares nothing but keeps every prompt token in the shared forward (the
+    path several processes take): its log-probs equal the unshared forward's."""
+    ids, mask = _rows(tiny_tokenizer)
+    mask = mask.clone()
+    width = ids.size(1) - C
+    real = mask[0, :width].nonzero().flatten()
+    mask[0, real[3]] = 0  # a hole inside row 0's prompt
+    prompts = prompts_from_batch(ids, mask, C)
+    assert prompts[0] == []
+    plan = plan_prefix_groups(prompts, C)
+    assert plan.group_of_row[0] == -1
+    model = _model(tiny_tokenizer)
+    with torch.no_grad():
+        a = unshared_logps(model, ids, mask, C)[0]
+        b = shared_prefix_logps(model, ids, mask, C, plan)[0]
+        dropped = unshared_logps(model, ids[:1, -C - 1:], mask[:1, -C - 1:], C)[0]  # row 0 without its prompt
+    m = mask[:, -C:].bool()
+    assert ((a - b)[m].abs() / a[m].abs()).max() < 1e-5
+    assert (a[0] - dropped[0])[m[0]].abs().max() > 1e-2  # the prompt matters, so the check above can fail
+
+
+def test_prompt_with_a_gap_takes_the_unshared_path(trainer, tiny_tokenizer, spy, monkeypatch):
+    """On one process a chunk with such a row runs TRL's own forward."""
+    import gigpo_trl.prefix_sharing_mixin as mixin
+
+    calls = []
+    real_chain = mixin.chain_logps
+    monkeypatch.setattr(mixin, "chain_logps", lambda *a, **k: calls.append(1) or real_chain(*a, **k))
+    b = _batch(trainer, tiny_tokenizer)
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    mask = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    trainer.model.eval()
+    with torch.no_grad():
+        trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, C)
+        assert spy  # contiguous prompts: shared
+        spy.clear()
+        mask = mask.clone()
+        mask[0, mask[0, :-C].nonzero()[2]] = 0
+        got = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, C)[0]
+        want = unshared_logps(trainer.model, ids, mask, C)[0]
+    trainer.model.train()
+    assert not spy and not calls
+    m = mask[:7, -C:].bool()
+    assert ((got[:7] - want[:7])[m].abs() / want[:7][m].abs()).max() < 1e-5
+
+
+def test_dropout_in_train_mode_falls_back_with_one_warning(trainer, tiny_tokenizer, spy, caplog):
+    """Dropout active in train mode (every row of a group would share one dropout mask on the prefix): TRL's own
+    forward, one warning naming the module; in eval mode the same model shares again."""
+    b = _batch(trainer, tiny_tokenizer)
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    mask = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    layer = trainer.model.model.layers[0].self_attn
+    trainer.__dict__.pop("_prefix_sharing_warned", None)
+    layer.attention_dropout = 0.1
+    try:
+        trainer.model.train()
+        with caplog.at_level("WARNING", logger="gigpo_trl.prefix_sharing_mixin"), torch.no_grad():
+            for _ in range(2):
+                trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, C)
+        assert not spy
+        trainer.model.eval()  # no dropout in eval mode: shared again
+        with torch.no_grad():
+            trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, C)
+        assert spy
+    finally:
+        layer.attention_dropout = 0.0
+        trainer.model.train()
+    warned = [r.getMessage() for r in caplog.records if "share_prompt_prefix" in r.getMessage()]
+    assert len(warned) == 1 and "model.layers.0.self_attn.attention_dropout=0.1" in warned[0], warned
+
+
+def test_peft_zero3_checkpointing_says_why_once(trainer, tiny_tokenizer, caplog):
+    """TRL forces reentrant checkpointing for PEFT + ZeRO-3 + checkpointing: the training forwards run unshared and
+    the one warning says why."""
+    from types import SimpleNamespace
+
+    model = _model(tiny_tokenizer, lora=True)
+    saved = (trainer.args.gradient_checkpointing, trainer.args.gradient_checkpointing_kwargs,
+             trainer.args.deepspeed_plugin)
+    trainer.__dict__.pop("_prefix_sharing_warned", None)
+    trainer.args.gradient_checkpointing = True
+    trainer.args.gradient_checkpointing_kwargs = {"use_reentrant": True}
+    trainer.args.deepspeed_plugin = SimpleNamespace(zero_stage=3)
+    try:
+        with caplog.at_level("WARNING", logger="gigpo_trl.prefix_sharing_mixin"):
+            reasons = [trainer._prefix_sharing_reason(model, training=True) for _ in range(2)]
+            no_grad = trainer._prefix_sharing_reason(model, training=False)
+    finally:
+        (trainer.args.gradient_checkpointing, trainer.args.gradient_checkpointing_kwargs,
+         trainer.args.deepspeed_plugin) = saved
+        trainer.__dict__.pop("_prefix_sharing_checked", None)
+    assert reasons[0] == reasons[1] and "TRL forces it for PEFT + DeepSpeed ZeRO-3" in reasons[0]
+    assert no_grad is None  # the no-grad old/reference passes still share
+    assert len([r for r in caplog.records if "share_prompt_prefix" in r.getMessage()]) == 1
