@@ -512,6 +512,20 @@ def test_trl_env_trains_in_conversation_mode(tmp_path, tiny_model_dir, tiny_toke
     assert log["rollout/rows"] == 24 and log["anchor/num_groups"] == 10 and math.isfinite(log["loss"])
     assert log["episode/return_mean"] == pytest.approx(0.625)
     assert any(not (before[k] == v).all() for k, v in trainer.model.named_parameters())
+    # the loss forward reads each trajectory's transcript once (trajectory chains), not once per turn: at most the
+    # trajectories' last rows' tokens (less the shared system prompts), where per-row forwards read all rows' tokens
+    from gigpo_trl.chains import unique_tokens
+
+    sequences = {key: r.prompt_ids + r.completion_ids + end for key, r in rows.items()}  # + the template's end id
+    unique = unique_tokens([s[:-1] for s in sequences.values()])
+    # the distinct first prompts once, and each trajectory's tokens after its first prompt once (+1: the first
+    # prompt's last token, which predicts the first completion token, stays in the trajectory's own pass)
+    firsts = [rows[(i, 0)].prompt_ids for (i, t) in rows if t == 0]
+    transcripts = unique_tokens(firsts) + sum(len(sequences[(i, t)]) - len(rows[(i, 0)].prompt_ids)
+                                              for (i, t) in rows if (i, t + 1) not in rows)
+    per_row = sum(len(s) - 1 for s in sequences.values())
+    assert per_row / unique > 13  # per-row forwards: 13.96 (the scripted trajectories repeat each other)
+    assert 1.0 <= log["forward/tokens_per_unique_token"] <= transcripts / unique < 1.8
 
 
 # ------------------------------------------------------------------------------------- what counts as a success
