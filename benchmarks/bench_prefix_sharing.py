@@ -1,4 +1,4 @@
-"""Loss forward+backward over one iteration's per-turn rows, shared prefixes vs every row whole.
+"""Loss forward+backward over one iteration's per-turn rows, shared prefixes (and trajectory chains) vs every row whole.
 
 Rows as GiGPO builds them for a tool environment: per task a system prompt with tool schemas (``--system`` tokens)
 and task text (``--task``), then per turn a history window of the last ``--history`` turns (``--turn`` tokens
@@ -7,10 +7,16 @@ each) and the observation, and a completion of ``--completion`` tokens; ``--task
 49,152, random weights) with ``--layers`` layers (30 in the real model: the ratio does not depend on depth), fp32,
 LoRA r16 on the attention and MLP projections, gradient checkpointing, TRL's fused LM head. Both variants pack the
 rows into token-budget sub-batches (``--budget``) as the trainer does (``pack_rows`` / ``pack_rows_shared``) and
-run forward+backward of Σ log-prob per sub-batch. Prints per variant: seconds, padded tokens in the forwards, peak
-RSS growth, and the largest gradient difference.
+run forward+backward of Σ log-prob per sub-batch. Prints per variant: seconds, padded tokens in the forwards, real
+tokens forwarded per unique token (``forward/tokens_per_unique_token``), peak RSS growth, and the largest gradient
+difference.
+
+With ``--conversation`` the rows are conversation episodes (``history_mode="conversation"``): turn t+1's prompt is
+turn t's prompt + completion + the next observation; a third variant, ``chains``, packs with
+``pack_rows_chained`` and reads each trajectory's rows from one forward (``gigpo_trl.chains``).
 
     python benchmarks/bench_prefix_sharing.py --calls 3
+    python benchmarks/bench_prefix_sharing.py --conversation --calls 8 --layers 2
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                           ("observation", 40), ("completion", 40), ("history", 2), ("layers", 6),
                           ("budget", 16384), ("repeats", 1)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--conversation", action="store_true", help="conversation episodes, and the chains variant")
     return parser
 
 
@@ -49,7 +56,13 @@ def rows(cli, vocab: int):
         task = rand(cli.task)
         for _ in range(cli.rollouts):
             turns = [rand(cli.turn) for _ in range(cli.calls + 1)]
+            prompt = system + task + rand(cli.observation)
             for t in range(cli.calls + 1):
+                if cli.conversation:
+                    prompts.append(prompt)
+                    completions.append(rand(cli.completion))
+                    prompt = prompt + completions[-1] + rand(cli.observation)
+                    continue
                 window = [tok for past in turns[max(0, t - cli.history):t] for tok in past]
                 prompts.append(system + task + window + rand(cli.observation))
                 completions.append(rand(cli.completion))
@@ -74,7 +87,8 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from gigpo_trl.microbatch import pack_rows, pack_rows_shared
+    from gigpo_trl.chains import chain_logps, plan_chains, rows_of_batch, unique_tokens
+    from gigpo_trl.microbatch import pack_rows, pack_rows_chained, pack_rows_shared
     from gigpo_trl.prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
@@ -93,27 +107,40 @@ def main() -> None:
     model.train()
     prompts, completions = rows(cli, config.vocab_size)
     n = len(prompts)
-    print(f"rows {n}, real tokens {sum(map(len, prompts)) + sum(map(len, completions))}, calls {cli.calls}, "
-          f"layers {cli.layers}, budget {cli.budget}, load {os.getloadavg()[0]:.1f}")
-    results, figures = {}, {"seconds": {}, "padded_tokens": {}}
-    for variant in ("unshared", "shared") * cli.repeats:
-        if variant == "shared":
+    unique = unique_tokens([p + c for p, c in zip(prompts, completions)])
+    print(f"rows {n}, real tokens {sum(map(len, prompts)) + sum(map(len, completions))}, unique tokens {unique}, "
+          f"calls {cli.calls}, layers {cli.layers}, budget {cli.budget}, load {os.getloadavg()[0]:.1f}")
+    results, figures = {}, {"seconds": {}, "padded_tokens": {}, "tokens_per_unique_token": {}}
+    variants = ("unshared", "shared", "chains") if cli.conversation else ("unshared", "shared")
+    for variant in variants * cli.repeats:
+        if variant == "chains":
+            packs = pack_rows_chained(prompts, completions, cli.budget)
+        elif variant == "shared":
             packs = pack_rows_shared(prompts, [len(c) for c in completions], cli.budget)
         else:
             packs = pack_rows([len(p) for p in prompts], [len(c) for c in completions], cli.budget)
         model.zero_grad()
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        tokens = 0
+        tokens = forwarded = 0
         t0 = time.perf_counter()
         for sub in packs:
             ids, mask, c = batch(prompts, completions, sub, 0)
-            if variant == "shared":
+            chains = plan_chains(*rows_of_batch(ids, mask, c)) if variant == "chains" else None
+            if chains is not None and chains.chained_rows:
+                stats = {}
+                logps, _ = chain_logps(model, ids, mask, c, chains, True, stats=stats)
+                # the unit forward's padded tokens: its prefix pass and its units
+                tokens += stats["padded"]
+                forwarded += stats["tokens"]
+            elif variant in ("shared", "chains"):
                 plan = plan_prefix_groups(prompts_from_batch(ids, mask, c), c)
                 logps, _ = shared_prefix_logps(model, ids, mask, c, plan, True)
                 tokens += plan.padded_tokens()
+                forwarded += int(mask.sum()) - plan.saved_tokens()
             else:
                 logps, _ = unshared_logps(model, ids, mask, c, True)
                 tokens += ids.numel()
+                forwarded += int(mask.sum())
             (logps * mask[:, -c:]).sum().backward()
         seconds = time.perf_counter() - t0
         grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
@@ -122,9 +149,10 @@ def main() -> None:
         diff = "" if "unshared" not in results or variant == "unshared" else \
             f"  grad rel diff {float((grad - results['unshared']).norm() / results['unshared'].norm()):.2e}"
         print(f"{variant:>9}: {seconds:7.1f} s  {len(packs)} sub-batches  {tokens} padded tokens  "
-              f"peak RSS +{rss:.0f} MB{diff}")
+              f"{forwarded / unique:.2f} forwarded per unique token  peak RSS +{rss:.0f} MB{diff}")
         figures["seconds"][variant] = round(seconds, 1)
         figures["padded_tokens"][variant] = tokens
+        figures["tokens_per_unique_token"][variant] = round(forwarded / unique, 3)
         if diff:
             figures["grad_rel_diff"] = float(f"{float((grad - results['unshared']).norm() / results['unshared'].norm()):.1e}")
     # the recorded figures were measured with --calls 3 --layers 2

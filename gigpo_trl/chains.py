@@ -167,7 +167,8 @@ def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
 
     Args:
         plan: from :func:`plan_chains` over :func:`rows_of_batch` of these rows.
-        stats: if given, ``stats["tokens"]`` is increased by the real tokens the forwards computed.
+        stats: if given, ``stats["tokens"]`` is increased by the real tokens the forwards computed and
+            ``stats["padded"]`` by their padded tokens (``input_ids.numel()`` of both passes).
 
     Returns:
         ``(logps (B, C), entropies (B, C) or None)``, differentiable through the unit forward.
@@ -199,9 +200,10 @@ def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
     prefix_plan = plan_prefix_groups(unit_prompts, unit_c)
     logps, entropies = shared_prefix_logps(model, ids, mask, unit_c, prefix_plan, compute_entropy, autocast,
                                            label_mask=labelled)
-    if stats is not None:
+    if stats is not None:  # real tokens: each prefix once, then every unit's own tokens; padded: both passes
         stats["tokens"] = stats.get("tokens", 0) + sum(prefix_plan.prefix_lengths) + int(mask.sum()) - sum(
             prefix_plan.prefix_of_row(u) for u in range(u_count))
+        stats["padded"] = stats.get("padded", 0) + prefix_plan.padded_tokens()
     source = source.to(device)
 
     def gather(values: torch.Tensor) -> torch.Tensor:
