@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                           ("budget", 16384), ("repeats", 1)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--conversation", action="store_true", help="conversation episodes, and the chains variant")
+    parser.add_argument("--arms", default="unshared,shared,chains",
+                        help="comma-separated variants to run (chains only with --conversation)")
+    parser.add_argument("--plan_only", action="store_true",
+                        help="count the forwards' tokens without running them (no seconds, memory or gradients)")
     return parser
 
 
@@ -87,7 +91,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from gigpo_trl.chains import chain_logps, plan_chains, rows_of_batch, unique_tokens
+    from gigpo_trl.chains import chain_batch, chain_logps, plan_chains, rows_of_batch, unique_tokens
     from gigpo_trl.microbatch import pack_rows, pack_rows_chained, pack_rows_shared
     from gigpo_trl.prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps
 
@@ -108,10 +112,11 @@ def main() -> None:
     prompts, completions = rows(cli, config.vocab_size)
     n = len(prompts)
     unique = unique_tokens([p + c for p, c in zip(prompts, completions)])
-    print(f"rows {n}, real tokens {sum(map(len, prompts)) + sum(map(len, completions))}, unique tokens {unique}, "
+    print(f"rows {n}, real tokens {sum(map(len, prompts)) + sum(map(len, completions))} (per row: "
+          f"{(sum(map(len, prompts)) + sum(map(len, completions))) / unique:.2f} per unique token), unique tokens {unique}, "
           f"calls {cli.calls}, layers {cli.layers}, budget {cli.budget}, load {os.getloadavg()[0]:.1f}")
     results, figures = {}, {"seconds": {}, "padded_tokens": {}, "tokens_per_unique_token": {}}
-    variants = ("unshared", "shared", "chains") if cli.conversation else ("unshared", "shared")
+    variants = tuple(v for v in cli.arms.split(",") if v != "chains" or cli.conversation)
     for variant in variants * cli.repeats:
         if variant == "chains":
             packs = pack_rows_chained(prompts, completions, cli.budget)
@@ -126,26 +131,33 @@ def main() -> None:
         for sub in packs:
             ids, mask, c = batch(prompts, completions, sub, 0)
             chains = plan_chains(*rows_of_batch(ids, mask, c)) if variant == "chains" else None
-            if chains is not None and chains.chained_rows:
-                stats = {}
-                logps, _ = chain_logps(model, ids, mask, c, chains, True, stats=stats)
-                # the unit forward's padded tokens: its prefix pass and its units
-                tokens += stats["padded"]
-                forwarded += stats["tokens"]
+            units = chain_batch(ids, mask, c, chains) if chains is not None and chains.chained_rows else None
+            if units is not None and units.padded_tokens() < ids.numel():  # as the trainer chooses on one process
+                tokens += units.padded_tokens()
+                forwarded += units.real_tokens()
+                forward = lambda: chain_logps(model, ids, mask, c, units, True)  # noqa: E731
             elif variant in ("shared", "chains"):
                 plan = plan_prefix_groups(prompts_from_batch(ids, mask, c), c)
-                logps, _ = shared_prefix_logps(model, ids, mask, c, plan, True)
                 tokens += plan.padded_tokens()
                 forwarded += int(mask.sum()) - plan.saved_tokens()
+                forward = lambda: shared_prefix_logps(model, ids, mask, c, plan, True)  # noqa: E731
             else:
-                logps, _ = unshared_logps(model, ids, mask, c, True)
                 tokens += ids.numel()
                 forwarded += int(mask.sum())
-            (logps * mask[:, -c:]).sum().backward()
+                forward = lambda: unshared_logps(model, ids, mask, c, True)  # noqa: E731
+            if not cli.plan_only:
+                logps, _ = forward()
+                (logps * mask[:, -c:]).sum().backward()
         seconds = time.perf_counter() - t0
-        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None] or [torch.zeros(1)])
         rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
         results[variant] = grad
+        if cli.plan_only:
+            print(f"{variant:>9}: {len(packs)} sub-batches  {tokens} padded tokens  {forwarded / unique:.2f} forwarded "
+                  "per unique token")
+            figures["padded_tokens"][variant] = tokens
+            figures["tokens_per_unique_token"][variant] = round(forwarded / unique, 3)
+            continue
         diff = "" if "unshared" not in results or variant == "unshared" else \
             f"  grad rel diff {float((grad - results['unshared']).norm() / results['unshared'].norm()):.2e}"
         print(f"{variant:>9}: {seconds:7.1f} s  {len(packs)} sub-batches  {tokens} padded tokens  "

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .prefix_sharing import plan_prefix_groups, shared_prefix_logps
+from .prefix_sharing import PrefixPlan, plan_prefix_groups, shared_prefix_logps
 
 
 # ---------------------------------------------------------------------------------------------- planning (pure)
@@ -155,35 +155,52 @@ def rows_of_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------- the forward
-def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, plan: ChainPlan,
-                compute_entropy: bool = False, autocast=None, stats: dict | None = None):
-    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, each unit of ``plan`` computed in
-    one forward (with shared prefixes across units).
+@dataclass(frozen=True)
+class ChainBatch:
+    """The unit rows of a chain forward (TRL's layout: left-padded prompt, then ``completion_width`` columns).
 
-    Same contract as :func:`gigpo_trl.prefix_sharing.shared_prefix_logps` on one chunk (TRL's layout, fused LM head,
-    exactly two forwards of ``model``), except that columns past a row's completion hold 0 instead of the values
-    TRL computes on padding (every loss masks them). Every row must have one-run masks (:func:`rows_of_batch` gives
-    no ``None``).
-
-    Args:
-        plan: from :func:`plan_chains` over :func:`rows_of_batch` of these rows.
-        stats: if given, ``stats["tokens"]`` is increased by the real tokens the forwards computed and
-            ``stats["padded"]`` by their padded tokens (``input_ids.numel()`` of both passes).
-
-    Returns:
-        ``(logps (B, C), entropies (B, C) or None)``, differentiable through the unit forward.
+    Attributes:
+        input_ids / attention_mask: ``(U, W + C)``, one row per unit: its leaf's tokens, split at the unit's shortest
+            prompt.
+        label_mask: ``(U, C)``, the columns that are some member's completion token.
+        source: ``(B, logits_to_keep)``, per output position its index in the flattened ``(U, C)`` unit output
+            (``U·C``, one past the end, where the row has no completion token).
+        prefix_plan: the shared prefixes of the unit rows (:func:`gigpo_trl.prefix_sharing.plan_prefix_groups`).
     """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    label_mask: torch.Tensor
+    source: torch.Tensor
+    prefix_plan: PrefixPlan
+
+    @property
+    def completion_width(self) -> int:
+        return self.label_mask.size(1)
+
+    def real_tokens(self) -> int:
+        """Tokens the two passes compute, padding excluded: each shared prefix once, then every unit's own."""
+        plan = self.prefix_plan
+        return sum(plan.prefix_lengths) + int(self.attention_mask.sum()) - sum(
+            plan.prefix_of_row(u) for u in range(self.input_ids.size(0)))
+
+    def padded_tokens(self) -> int:
+        """``input_ids.numel()`` of the two passes (:meth:`PrefixPlan.padded_tokens`)."""
+        return self.prefix_plan.padded_tokens()
+
+
+def chain_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                plan: ChainPlan) -> ChainBatch:
+    """The :class:`ChainBatch` of ``plan`` over these rows (TRL's layout; every row with one-run masks)."""
     b, total = input_ids.shape
     width = total - logits_to_keep
-    device = input_ids.device
     splits = [plan.unit_split(u) for u in range(len(plan.units))]
     unit_width = max(h for h, _ in splits)
     unit_c = max(1, max(r for _, r in splits))
     u_count = len(plan.units)
     ids = input_ids.new_zeros((u_count, unit_width + unit_c))
     mask = attention_mask.new_zeros((u_count, unit_width + unit_c))
-    labelled = torch.zeros((u_count, unit_c), dtype=torch.bool, device=device)
-    # source of each (row, column) of the output in the flattened unit output; the extra last slot holds 0
+    labelled = torch.zeros((u_count, unit_c), dtype=torch.bool, device=input_ids.device)
     source = torch.full((b, logits_to_keep), u_count * unit_c, dtype=torch.long)
     unit_prompts = []
     for u, (rows, (head, rest)) in enumerate(zip(plan.units, splits)):
@@ -197,20 +214,35 @@ def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
             offset, c = plan.prompt_lengths[r] - head, plan.completion_lengths[r]
             labelled[u, offset : offset + c] = True
             source[r, :c] = u * unit_c + offset + torch.arange(c)
-    prefix_plan = plan_prefix_groups(unit_prompts, unit_c)
-    logps, entropies = shared_prefix_logps(model, ids, mask, unit_c, prefix_plan, compute_entropy, autocast,
-                                           label_mask=labelled)
-    if stats is not None:  # real tokens: each prefix once, then every unit's own tokens; padded: both passes
-        stats["tokens"] = stats.get("tokens", 0) + sum(prefix_plan.prefix_lengths) + int(mask.sum()) - sum(
-            prefix_plan.prefix_of_row(u) for u in range(u_count))
-        stats["padded"] = stats.get("padded", 0) + prefix_plan.padded_tokens()
-    source = source.to(device)
+    return ChainBatch(ids, mask, labelled, source.to(input_ids.device), plan_prefix_groups(unit_prompts, unit_c))
+
+
+def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                units: ChainPlan | ChainBatch, compute_entropy: bool = False, autocast=None):
+    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, each unit computed in one forward
+    (with shared prefixes across units).
+
+    Same contract as :func:`gigpo_trl.prefix_sharing.shared_prefix_logps` on one chunk (TRL's layout, fused LM head,
+    exactly two forwards of ``model``), except that columns past a row's completion hold 0 instead of the values
+    TRL computes on padding (every loss masks them). Every row must have one-run masks (:func:`rows_of_batch` gives
+    no ``None``).
+
+    Args:
+        units: a :func:`plan_chains` over :func:`rows_of_batch` of these rows, or its :func:`chain_batch`.
+
+    Returns:
+        ``(logps (B, C), entropies (B, C) or None)``, differentiable through the unit forward.
+    """
+    if isinstance(units, ChainPlan):
+        units = chain_batch(input_ids, attention_mask, logits_to_keep, units)
+    logps, entropies = shared_prefix_logps(model, units.input_ids, units.attention_mask, units.completion_width,
+                                           units.prefix_plan, compute_entropy, autocast, label_mask=units.label_mask)
 
     def gather(values: torch.Tensor) -> torch.Tensor:
         flat = torch.cat([values.reshape(-1), values.new_zeros(1)])
-        return flat[source]
+        return flat[units.source]
 
     return gather(logps), (gather(entropies) if compute_entropy else None)
 
 
-__all__ = ["ChainPlan", "chain_logps", "plan_chains", "rows_of_batch", "unique_tokens"]
+__all__ = ["ChainBatch", "ChainPlan", "chain_batch", "chain_logps", "plan_chains", "rows_of_batch", "unique_tokens"]

@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from .chains import chain_logps, plan_chains, rows_of_batch
+from .chains import chain_batch, chain_logps, plan_chains, rows_of_batch
 from .prefix_sharing import plan_prefix_groups, prompts_from_batch, shared_prefix_logps, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class PrefixSharingMixin:
         (:func:`~gigpo_trl.prefix_sharing.shared_prefix_logps`); same values as TRL's forward up to float rounding at
         every completion position (a chained row holds 0 past its completion). TRL's own forward runs instead when
         sharing is off or unsupported (:meth:`_prefix_sharing_reason`), for an MoE aux loss or multimodal inputs,
-        and, on a single process, for a chunk where sharing would not reduce the padded tokens or a row's prompt mask
+        and, on a single process, for a chunk where neither would reduce the padded tokens or a row's prompt mask
         is not one run (with several processes every chunk takes the same two forwards, so that ZeRO-3's parameter
         gathers stay in step across ranks; such a row then runs whole, shares nothing). The real tokens computed in
         training forwards are added to ``self._forwarded_tokens`` (the ``forward/tokens_per_unique_token`` metric)."""
@@ -92,23 +92,27 @@ class PrefixSharingMixin:
             ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
             prompts, completions = rows_of_batch(ids, mask, logits_to_keep)
             chains = plan_chains(prompts, completions)
-            stats: dict = {}
-            if chains.chained_rows and all(c is not None for c in completions) and \
-                    all(p is not None for p in prompts):
-                lp, ent = chain_logps(model, ids, mask, logits_to_keep, chains, compute_entropy,
-                                      self.accelerator.autocast, stats)
+            units = None
+            if chains.chained_rows and None not in prompts and None not in completions:
+                units = chain_batch(ids, mask, logits_to_keep, chains)
+                if single and units.padded_tokens() >= ids.numel():
+                    units = None
+            if units is not None:
+                lp, ent = chain_logps(model, ids, mask, logits_to_keep, units, compute_entropy,
+                                      self.accelerator.autocast)
+                tokens = units.real_tokens()
             else:
                 plan = plan_prefix_groups(prompts_from_batch(ids, mask, logits_to_keep), logits_to_keep)
                 if single and (plan.padded_tokens() >= plan.unshared_tokens() or None in prompts):
                     lp, ent, _ = super()._get_per_token_logps_and_entropies(
                         model, ids, mask, logits_to_keep, None, compute_entropy)
-                    stats["tokens"] = int(mask.sum())
+                    tokens = int(mask.sum())
                 else:
                     lp, ent = shared_prefix_logps(model, ids, mask, logits_to_keep, plan, compute_entropy,
                                                   self.accelerator.autocast)
-                    stats["tokens"] = int(mask.sum()) - plan.saved_tokens()
+                    tokens = int(mask.sum()) - plan.saved_tokens()
             if count:
-                self._forwarded_tokens += stats["tokens"]
+                self._forwarded_tokens += tokens
             logps.append(lp)
             entropies.append(ent)
         return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None

@@ -9,7 +9,7 @@ import torch
 
 from conftest import unshared_logps
 
-from gigpo_trl.chains import chain_logps, plan_chains, rows_of_batch, unique_tokens
+from gigpo_trl.chains import chain_batch, chain_logps, plan_chains, rows_of_batch, unique_tokens
 from gigpo_trl.microbatch import pack_rows_chained
 
 C = 6
@@ -136,14 +136,14 @@ def test_fp32_chain_forward_equals_per_row(tiny_tokenizer, lora, checkpointing):
     plan = plan_chains(*rows_of_batch(ids, mask, C))
     model = _model(tiny_tokenizer, lora=lora, checkpointing=checkpointing)
     a = _run(model, lambda: unshared_logps(model, ids, mask, C, True), cmask)
-    stats = {}
-    b = _run(model, lambda: chain_logps(model, ids, mask, C, plan, True, stats=stats), cmask)
+    units = chain_batch(ids, mask, C, plan)
+    b = _run(model, lambda: chain_logps(model, ids, mask, C, units, True), cmask)
     assert len(a[2]) == (16 if lora else 26)
     logp, ent, grad = _compare(a, b, cmask)
     assert logp < 1e-5 and ent < 1e-5 and grad < 1e-5, (logp, ent, grad)
     # every real token once, except the system prompt: computed once per task's prefix group (system + task), so
     # twice
-    assert stats["tokens"] == unique_tokens([r[m.bool()].tolist() for r, m in zip(ids, mask)]) + 20
+    assert units.real_tokens() == unique_tokens([r[m.bool()].tolist() for r, m in zip(ids, mask)]) + 20
     assert (b[0][cmask == 0] == 0).all()  # past a row's completion: 0, not TRL's values on padding
 
 
