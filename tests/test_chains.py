@@ -275,3 +275,51 @@ def test_scoring_with_chains_equals_per_row(trainer, tiny_tokenizer, spy, budget
     for key in out[True]:
         a, s = out[False][key][:-1], out[True][key][:-1]
         assert ((a - s)[m].abs() / a[m].abs()).max() < 1e-5, key
+
+
+@pytest.mark.parametrize("max_turns", [None, 2])
+def test_conversation_rollout_rows_chain_and_equal_per_row(tmp_path, tiny_model_dir, tiny_tokenizer, max_turns):
+    """Real conversation-mode rollout rows (4 turns; with ``conversation_max_turns=2`` every transcript restarts
+    after two turns, so turn 2 is not an extension of turn 1): the chains are exactly the transcripts, and the
+    budgeted loss with chains has the loss and gradient of the per-row unshared forward."""
+    from conftest import capture_rollouts
+    from conftest import tiny_train_config as make_args
+    from toy_env import NoisyLineWalkEnv
+
+    from gigpo_trl import GiGPOTrainer
+    from gigpo_trl.trl_compat import metrics
+
+    args = make_args(tmp_path, beta=0.04, history_mode="conversation", conversation_max_turns=max_turns,
+                     temperature=1.0)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
+    trainer.current_gradient_accumulation_steps = 1
+    batches = capture_rollouts(trainer)
+    trainer._generate_and_score_completions([{"task": 4, "seed": 1}] * 4 + [{"task": 6, "seed": 2}] * 4)
+    rows = batches[0].rows
+    transcripts = {(r.trajectory_id, r.transcript_start) for r in rows}
+    if max_turns == 2:
+        assert {r.transcript_start for r in rows if r.turn >= 2} == {2}  # restarted: turn 2 starts a transcript
+    g = torch.Generator().manual_seed(0)
+    batch = trainer._rows_to_batch(rows, torch.randn(len(rows), generator=g).numpy(), [len(rows)], "train")
+    real = int(batch["real_row_mask"].sum())
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)[:real]
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)[:real]
+    plan = plan_chains(*rows_of_batch(ids, mask, batch["completion_ids"].size(1)))
+    assert len(plan.units) == len(transcripts) < len(rows)
+    by_row = [(rows[i].trajectory_id, rows[i].transcript_start) for i in range(real)]
+    assert all(len({by_row[r] for r in unit}) == 1 for unit in plan.units)  # a unit never spans a restart
+    widest = max(int(m.sum()) for m in batch["prompt_mask"]) + batch["completion_ids"].size(1)
+    results = {}
+    for on, budget in ((False, None), (True, 2 * widest)):
+        trainer.args.share_prompt_prefix, trainer.args.max_tokens_per_microbatch = on, budget
+        trainer.model.train()
+        trainer.model.zero_grad()
+        loss = GiGPOTrainer.compute_loss(trainer, trainer.model, batch)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        ratio = metrics(trainer, "train")["forward/tokens_per_unique_token"][-1]
+        results[on] = (float(loss.detach()), grad, ratio)
+    (l0, g0, r0), (l1, g1, r1) = results[False], results[True]
+    assert l1 == pytest.approx(l0, rel=1e-5, abs=1e-7)
+    assert float((g1 - g0).norm() / g0.norm()) < 1e-5
+    assert r0 > 3 and r1 < 1.5  # measured: 5.24 -> 1.25 (4-turn transcripts), 3.39 -> 1.36 (restarted at 2 turns)
