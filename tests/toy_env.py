@@ -186,3 +186,24 @@ def _in_ray_actor() -> bool:
     import ray
 
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+class SlowStepEnv(FixedLengthEnv):
+    """:class:`FixedLengthEnv` whose every step takes a random ``delay = (low, high)`` seconds (uniform, seeded by
+    the episode's seed): a tool or web environment's latency, for the asynchronous-rollout benchmark."""
+
+    def __init__(self, delay: tuple[float, float] = (0.2, 1.0)):
+        super().__init__()
+        self.delay = delay
+
+    def reset(self, task, seed=None):
+        import random
+
+        self._rng = random.Random(seed)
+        return super().reset(task, seed)
+
+    def step(self, action):
+        import time
+
+        time.sleep(self._rng.uniform(*self.delay))
+        return super().step(action)
