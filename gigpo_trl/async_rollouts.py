@@ -115,6 +115,7 @@ class AsyncRollouts:
         self._cond = threading.Condition()
         self._ready: dict[int, tuple[list[dict], RolloutBatch, int | None]] = {}
         self._wanted = -1  # the iteration the trainer trains on now; the producer collects up to wanted + lookahead
+        self._next = 0  # the iteration the producer collects now, or next
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()  # this producer's; close() sets it and makes a new one
@@ -140,8 +141,9 @@ class AsyncRollouts:
             for k in itertools.count(start):
                 with self._cond:
                     self._cond.wait_for(lambda: stop.is_set() or k <= self._wanted + self.lookahead)
-                if stop.is_set():
-                    return
+                    if stop.is_set():
+                        return
+                    self._next = k
                 inputs = list(next(tasks))
                 with weights.lock:  # one version for the whole rollout: a push waits for it to end
                     version = weights.synced
@@ -152,6 +154,7 @@ class AsyncRollouts:
                     if stop.is_set():
                         return
                     self._ready[k] = (inputs, batch, version)
+                    self._next = k + 1
                     self._cond.notify_all()
         except BaseException as exc:  # noqa: BLE001 - raised in the trainer's thread at its next take()
             with self._cond:
@@ -181,6 +184,10 @@ class AsyncRollouts:
             sync_weights_if_changed(trainer, weights, can_push=trainer._vllm_no_sync_message is None)
         finally:
             weights.lock.release()
+        with self._cond:
+            passed = self._thread is not None and k not in self._ready and k < self._next
+        if passed:  # the producer is past this iteration (the trainer went back): start it again from here
+            self.close()
         with self._cond:
             self._wanted = k
             self._ready = {j: v for j, v in self._ready.items() if j >= k}  # rollouts of iterations never trained
@@ -234,7 +241,7 @@ class AsyncRollouts:
             thread.join(timeout=self.timeout)
         self.collector.close_pools()
         with self._cond:
-            self._stop, self._ready, self._error, self._wanted = threading.Event(), {}, None, -1
+            self._stop, self._ready, self._error, self._wanted, self._next = threading.Event(), {}, None, -1, 0
 
 
 class _Cancelled(Exception):

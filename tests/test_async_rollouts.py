@@ -162,6 +162,11 @@ def test_too_old_rollouts_are_dropped_whole_and_collected_again(tmp_path, tiny_m
         assert {r.trajectory_id[1]: r.prompt_ids for r in scored.batches[-1][0] if r.turn == 0} == {
             r.trajectory_id[1]: r.prompt_ids for r in trainer.collector.collect(other, trainer._group_ids(other)).rows
             if r.turn == 0}
+        # the trainer goes back to iteration 1 (the producer is past it): the producer starts again from there
+        versions, metrics = iteration(1)
+        assert versions == {3} and metrics["async/groups_dropped"] == [0.0] and metrics["async/staleness_max"] == [0.0]
+        assert [r.prompt_ids for r in scored.batches[-1][0] if r.turn == 0] == [
+            r.prompt_ids for r in scored.batches[1][0] if r.turn == 0]
     finally:
         rollouts.close()
 
