@@ -304,7 +304,7 @@ def test_python_m_job_takes_the_environment_from_env(capsys):
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.strip() == (
             f"[gigpo] error: --env must be one of ['alfworld', 'frozenlake', 'sokoban', 'webshop'], got {got} "
-            "(see --help)")
+            "(the environments with an example job; your own environment trains from Python: docs/environments.md)")
 
 
 # ----------------------------------------------------------------------------------------------- --help

@@ -25,8 +25,9 @@ def split_env(argv: list[str], default: str = "webshop") -> tuple[str, list[str]
             value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
             i += 1 if "=" in arg else 2
             if value not in EXAMPLE_DEFAULTS:
-                print(f"[gigpo] error: --env must be one of {sorted(EXAMPLE_DEFAULTS)}, got {value!r} (see --help)",
-                      file=sys.stderr, flush=True)
+                print(f"[gigpo] error: --env must be one of {sorted(EXAMPLE_DEFAULTS)}, got {value!r} (the "
+                      "environments with an example job; your own environment trains from Python: "
+                      "docs/environments.md)", file=sys.stderr, flush=True)
                 sys.exit(2)
             env = value
             continue
@@ -36,5 +37,6 @@ def split_env(argv: list[str], default: str = "webshop") -> tuple[str, list[str]
 
 
 if __name__ == "__main__":
-    sys.argv[0] = "python -m gigpo_trl.job"  # the usage line's program name
+    # The usage line's program name; --env is taken out before parsing, so --help would not list it otherwise.
+    sys.argv[0] = f"python -m gigpo_trl.job [--env {{{','.join(sorted(EXAMPLE_DEFAULTS))}}}]"
     main(*split_env(sys.argv[1:]))
