@@ -323,3 +323,21 @@ def test_conversation_rollout_rows_chain_and_equal_per_row(tmp_path, tiny_model_
     assert l1 == pytest.approx(l0, rel=1e-5, abs=1e-7)
     assert float((g1 - g0).norm() / g0.norm()) < 1e-5
     assert r0 > 3 and r1 < 1.5  # measured: 5.24 -> 1.25 (4-turn transcripts), 3.39 -> 1.36 (restarted at 2 turns)
+
+
+def test_masked_positions_hold_zero_on_every_path(trainer, tiny_tokenizer, monkeypatch):
+    """The chain forward writes 0 past a row's completion, as TRL's fused LM head does where no label is: a loss whose
+    forward took another path than its old/reference log-probs (e.g. unshared under reentrant checkpointing, chained
+    without grad) compares 0 with 0 there, never exponentiates two unrelated numbers (an overflow to inf, then NaN)."""
+    b = _batch(tiny_tokenizer)
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    mask = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    masked = mask[:, -C:] == 0
+    assert masked.any()
+    for reason in (None, "forced off"):
+        monkeypatch.setattr(trainer, "_prefix_sharing_reason", lambda model, training, r=reason: r)
+        with torch.no_grad():
+            logps, entropies, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, C,
+                                                                             compute_entropy=True)
+        assert (logps[masked] == 0).all() and (entropies[masked] == 0).all(), reason
+        assert (logps[~masked] < 0).all()

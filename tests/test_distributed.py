@@ -67,6 +67,12 @@ def parse_shared(output, run="main"):
     return {int(rank): (eval(grad), eval(nograd)) for rank, grad, nograd in found}
 
 
+def parse_chains(output):
+    """{rank: (grad, no-grad)}, each [chain forwards, rows read from another row's forward]."""
+    found = re.findall(r"CHAINS (\d) main grad=(\[.*?\]) nograd=(\[.*?\])", output)
+    return {int(rank): (eval(grad), eval(nograd)) for rank, grad, nograd in found}
+
+
 def _check_shared(output, run="main", every_row=False):
     """Both ranks' training forwards took the shared-prefix path (calls, rows in a prefix group, groups and saved
     prompt tokens all > 0): the multi-process update under test is the shared-prefix one. `every_row` (budget off: one
@@ -184,9 +190,11 @@ def _zero3_sgd_config(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
-    """ZeRO-3 on 2 processes, gradient_accumulation_steps = steps_per_generation = 2, budget on; then its budget-off
-    twin (a second launch: accelerate allows one DeepSpeed Accelerator per process). Both updates, computed with
-    shared prompt prefixes, equal the one-process run over the same rows without them (`one_process_update`)."""
+    """ZeRO-3 on 2 processes, gradient_accumulation_steps = steps_per_generation = 2, budget on: the update, computed
+    with shared prompt prefixes, equals the one-process run over the same rows without them (`one_process_update`).
+    Then its budget-off twin in conversation mode (a second launch: accelerate allows one DeepSpeed Accelerator per
+    process): both ranks' training forwards run trajectory chains, and the update equals the one-process run over
+    the same conversation rows with every row computed whole."""
     config, ds_json = _zero3_sgd_config(tmp_path)
     output = launch(tmp_path / "budget", "--config_file", str(config), use_cpu=False,
                     script_args=(str(ds_json), "--accum", "--budget", BUDGET))
@@ -206,14 +214,21 @@ def test_deepspeed_zero3_two_processes(tmp_path, one_process_update):
     norms = [float(x) for x in re.findall(r"UPDATE \d norm=(\S+)", output)]
     assert len(norms) == 2 and norms[0] == norms[1] > 0
     _check_shared(output)
-    twin = launch(tmp_path / "twin", "--config_file", str(config), use_cpu=False,
-                  script_args=(str(ds_json), "--accum"))
-    assert parse_engine(twin) == {0: (2, 2), 1: (2, 2)}
-    _check_shared(twin, every_row=True)
     budget = _load_update(str(tmp_path / "budget" / "out") + "-update.pt")
-    no_budget = _load_update(str(tmp_path / "twin" / "out") + "-update.pt")
-    assert _rel(budget, no_budget) < 1e-5
-    assert _rel(budget, one_process_update) < 1e-5 and _rel(no_budget, one_process_update) < 1e-5
+    assert _rel(budget, one_process_update) < 1e-5
+    single = tmp_path / "single" / "out"  # the conversation rows on one process, every row whole
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(single), "--accum", "--single", "--unshared",
+                           "--conversation"], capture_output=True, text=True, timeout=600,
+                          env=dict(_env(), ACCELERATE_USE_CPU="true"), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
+    twin = launch(tmp_path / "twin", "--config_file", str(config), use_cpu=False,
+                  script_args=(str(ds_json), "--accum", "--conversation"))
+    assert parse_engine(twin) == {0: (2, 2), 1: (2, 2)}
+    chains = parse_chains(twin)
+    assert sorted(chains) == [0, 1] and all(grad[0] > 0 and grad[1] > 0 for grad, _ in chains.values()), chains
+    conversation = _load_update(str(tmp_path / "twin" / "out") + "-update.pt")
+    reference = _load_update(str(single) + "-update.pt")
+    assert reference.norm() > 0 and _rel(conversation, reference) < 1e-5, _rel(conversation, reference)
 
 
 # ------------------------------------------------------------------------------------ accumulation vs one process
@@ -262,3 +277,10 @@ def test_accumulation_two_processes_equal_one_process(tmp_path, one_process_upda
     assert forwards[0][0] == forwards[1][0] > 4 and max(forwards[0][1] + forwards[1][1]) <= int(BUDGET)
     _check_shared(output)
     _check_shared(output, "ref", every_row=True)
+
+
+def parse_chains(output):
+    """{rank: (grad, no-grad)}, each [chain forwards, rows read from another row's forward]."""
+    found = re.findall(r"CHAINS (\d) main grad=(\[.*?\]) nograd=(\[.*?\])", output)
+    return {int(rank): (eval(grad), eval(nograd)) for rank, grad, nograd in found}
+

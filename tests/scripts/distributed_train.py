@@ -4,7 +4,7 @@ FixedLengthEnv episodes last exactly `task` turns; with shuffling off, num_gener
 rank, rank 0 rolls out tasks 1 then 2 and rank 1 tasks 3 then 4. Prints one line per rank, then "DONE".
 
     distributed_train.py OUTPUT_DIR [DEEPSPEED_JSON] [--budget N] [--compare] [--per-turn-gathers] [--long-obs]
-                         [--accum] [--single] [--unshared] [--records]
+                         [--accum] [--single] [--unshared] [--records] [--conversation]
 
 The env's rewards depend on the completion text (VariedRewardEnv), so the update is not zero. `--budget N` sets
 max_tokens_per_microbatch (default: None, one forward per micro-batch); each rank prints its training forwards and
@@ -22,6 +22,9 @@ batch as two processes of 2: the one-process reference of the same rows.
 multi-process shared-prefix updates are compared with. Each rank prints how many forwards ran with shared prefixes
 (`SHARED rank main grad=[calls, rows in a prefix group, prefix groups, prompt tokens saved] nograd=[...]`, counted
 around `gigpo_trl.token_budget.shared_prefix_logps`; `SHARED rank ref ...` for the `--compare` run).
+`--conversation`: history_mode="conversation" (each turn's prompt extends the previous turn's prompt + completion),
+so the training forwards run trajectory chains; each rank prints `CHAINS rank grad=[chain forwards, rows read from
+another row's forward] nograd=[...]` (counted around `gigpo_trl.prefix_sharing_mixin.chain_logps`).
 Under ZeRO-3 each rank prints the full parameter gathers made in each training iteration, then in each evaluation
 collect (`--per-turn-gathers`: with TRL's behaviour of one gather per generate call, for comparison). `--compare`
 needs a second Accelerator with a DeepSpeed plugin in one process, which accelerate refuses: DDP only.
@@ -86,7 +89,8 @@ def report(line: str) -> None:
             f.write(line + "\n")
 
 
-def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=False, unshared=False):
+def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=False, unshared=False,
+          conversation=False):
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     model = build_tiny_model(tokenizer)
     settings = dict(per_device_train_batch_size=2, steps_per_generation=1, learning_rate=1e-2)
@@ -97,7 +101,7 @@ def build(output_dir, extra, budget, env=VariedRewardEnv, accum=False, single=Fa
         output_dir=output_dir, num_generations=2, max_steps=2, max_turns=6, max_completion_length=8, bf16=False,
         gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
         shuffle_dataset=False, seed=0, disable_tqdm=True, max_tokens_per_microbatch=budget,
-        share_prompt_prefix=not unshared, **settings, **extra,
+        share_prompt_prefix=not unshared, history_mode="conversation" if conversation else None, **settings, **extra,
     )
     trainer = GiGPOTrainer(model, env=env, args=args, processing_class=tokenizer)
     if accum:
@@ -125,6 +129,23 @@ def count_shared_forwards():
     return counts
 
 
+def count_chain_forwards():
+    """{grad enabled: [chain forwards, rows read from another row's forward]}, around the name the mixin calls."""
+    import gigpo_trl.prefix_sharing_mixin as prefix_sharing_mixin
+
+    counts = {True: [0, 0], False: [0, 0]}
+    inner = prefix_sharing_mixin.chain_logps
+
+    def counting(model, input_ids, attention_mask, logits_to_keep, units, *a, **k):
+        c = counts[torch.is_grad_enabled()]
+        c[0] += 1
+        c[1] += input_ids.size(0) - units.input_ids.size(0)
+        return inner(model, input_ids, attention_mask, logits_to_keep, units, *a, **k)
+
+    prefix_sharing_mixin.chain_logps = counting
+    return counts
+
+
 def full_weights(trainer):
     """All parameter values, flattened (gathered when ZeRO-3 has sharded them)."""
     params = list(trainer.accelerator.unwrap_model(trainer.model_wrapped).parameters())
@@ -138,7 +159,7 @@ def full_weights(trainer):
 
 def main(output_dir: str, deepspeed: str | None = None, budget: int | None = None, compare: bool = False,
          per_turn_gathers: bool = False, long_obs: bool = False, accum: bool = False, single: bool = False,
-         records: bool = False, unshared: bool = False):
+         records: bool = False, unshared: bool = False, conversation: bool = False):
     reports = output_dir + "-reports"  # one file per rank (accelerate sets RANK), read by tests/test_distributed.py
     os.makedirs(reports, exist_ok=True)
     _REPORT.append(os.path.join(reports, f"rank-{os.environ.get('RANK', '0')}.txt"))
@@ -163,8 +184,8 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
 
         ds.zero.GatheredParameters = CountingGather
     env = LongObsAtTurn3Env if long_obs else VariedRewardEnv
-    trainer, tokenizer = build(output_dir, extra, budget, env, accum, single, unshared)
-    shared = count_shared_forwards()
+    trainer, tokenizer = build(output_dir, extra, budget, env, accum, single, unshared, conversation)
+    shared, chains = count_shared_forwards(), count_chain_forwards()
     trainer.args.rollout_records = records  # each rank writes its own rows under OUTPUT_DIR/records
     if per_turn_gathers:  # TRL's own behaviour, for comparison: one full gather inside every generate call
         import contextlib
@@ -223,6 +244,7 @@ def main(output_dir: str, deepspeed: str | None = None, budget: int | None = Non
            f"dist={trainer.accelerator.distributed_type.value} zero={zero}")
     report(f"FORWARDS {rank} train={len(forwards)} max_tokens={max(forwards)} gathers={gathers} sizes={forwards}")
     report(f"SHARED {rank} main grad={shared[True]} nograd={shared[False]}")
+    report(f"CHAINS {rank} main grad={chains[True]} nograd={chains[False]}")
     for counts in shared.values():  # the --compare run's forwards are counted on their own
         counts[:] = [0, 0, 0, 0]
     if compare:  # the same two steps with the budget off, from the same weights and seed
@@ -260,6 +282,7 @@ if __name__ == "__main__":
     parser.add_argument("--single", action="store_true")
     parser.add_argument("--records", action="store_true")
     parser.add_argument("--unshared", action="store_true")
+    parser.add_argument("--conversation", action="store_true")
     cli = parser.parse_args()
     main(cli.output_dir, cli.deepspeed, cli.budget, cli.compare, cli.per_turn_gathers, cli.long_obs, cli.accum,
-         cli.single, cli.records, cli.unshared)
+         cli.single, cli.records, cli.unshared, cli.conversation)
