@@ -26,6 +26,7 @@ the unshared path's largest.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,24 +62,16 @@ class ChainPlan:
         return head, self.prompt_lengths[leaf] + self.completion_lengths[leaf] - head
 
 
-def _is_prefix(short: Sequence[int], long: Sequence[int]) -> bool:
-    n = len(short)
-    if n > len(long):
-        return False
-    if n and (short[-1] != long[n - 1] or short[n // 2] != long[n // 2]):  # cheap rejects before the full compare
-        return False
-    return list(long[:n]) == list(short)
-
-
 def plan_chains(prompts: Sequence[Sequence[int] | None], completions: Sequence[Sequence[int] | None],
                 max_tokens: int | None = None) -> ChainPlan:
     """Group rows into chains (pure).
 
     Row r extends row q when q's prompt + completion is a prefix of r's prompt and r's prompt is longer. A leaf is a
     row no other row extends; every other row joins the unit of a leaf reached by following extensions (its tokens
-    are a prefix of that leaf's prompt), the first one found in row order. Rows given as ``None`` (a prompt or
-    completion mask that is not one run) stay alone. With ``max_tokens``, a unit's members whose prompt + completion
-    exceed it each leave the unit and run alone (see the module docstring).
+    are a prefix of that leaf's prompt; at each step the first extension in sorted prompt order, found by bisection:
+    O(n log n) comparisons). Rows given as ``None`` (a prompt or completion mask that is not one run) stay alone.
+    With ``max_tokens``, a unit's members whose prompt + completion exceed it each leave the unit and run alone (see
+    the module docstring).
 
     Returns:
         A :class:`ChainPlan`: every row in exactly one unit; deterministic for the same input.
@@ -88,14 +81,17 @@ def plan_chains(prompts: Sequence[Sequence[int] | None], completions: Sequence[S
     p_len = tuple(len(prompts[i]) if ok[i] else 0 for i in range(n))
     c_len = tuple(len(completions[i]) if ok[i] else 0 for i in range(n))
     full = [list(prompts[i]) + list(completions[i]) if ok[i] else None for i in range(n)]
-    by_length = sorted((i for i in range(n) if ok[i]), key=lambda i: (p_len[i], i))
+    # the prompts that start with full[i] are one run of the sorted prompts, starting where full[i] would be inserted
+    keys = [tuple(prompts[i]) if ok[i] else () for i in range(n)]
+    order = sorted((i for i in range(n) if ok[i]), key=lambda i: (keys[i], i))
+    sorted_keys = [keys[i] for i in order]
     child = [-1] * n  # one row that extends this one
-    for i in by_length:
-        for j in by_length:
-            # strictly longer prompts: rows identical up to their prompt end do not extend each other
-            if p_len[j] > p_len[i] and p_len[j] >= p_len[i] + c_len[i] and _is_prefix(full[i], prompts[j]):
-                child[i] = j
-                break
+    for i in order:
+        target = tuple(full[i])
+        # a strictly longer prompt: a row without completion tokens is not extended by rows with its own prompt
+        k = (bisect.bisect_left if c_len[i] else bisect.bisect_right)(sorted_keys, target)
+        if k < len(order) and sorted_keys[k][: len(target)] == target:
+            child[i] = order[k]
     leaf_of = list(range(n))
     for i in range(n):
         k = i
