@@ -3,24 +3,30 @@ tool environment, at a fixed number of tool calls per episode.
 
 The environment (:class:`Ticker`, a TRL ``environment_factory`` class, given to both trainers unchanged) asks for
 exactly ``--calls`` calls of its tool ``tick()``; ``get_reward()`` is 1 when the count is right. The policy's text
-comes from a scripted player in both trainers (``_generate_single_turn`` replaced: a fixed ``<think>`` of
-``--think`` words, then ``<tool_call>{"name": "tick", "arguments": {}}</tool_call>``, or ``done`` once the last
-observation says ``tick N of N``), so both play whole episodes with the same completions and the same generate
-calls, and the figures compare the training side: rollout bookkeeping, old/ref scoring and the loss
-forward/backward. Model: the default SmolLM2-135M-Instruct (``gigpo_trl.models.default_model_path()``), its
-tokenizer with TRL's Qwen2.5 chat template (TRL's tool parsing knows no SmolLM2 template), fp32, LoRA r16 on all
-projections, gradient checkpointing, 2 tasks × 2 rollouts per iteration, beta 0, loss ``dapo``.
+comes from a scripted player in both trainers (TRL's ``_generate_single_turn`` replaced; ours: the model call of
+the KV-cache path, :class:`gigpo_trl.kv_reuse.EpisodeKVCaches`, so its prefill accounting is the real one): a
+``<think>`` of words drawn at random per trajectory and turn (seeded by the row's position in the generate call and
+the tick count it has seen, so both trainers play the same episodes and a group's trajectories differ from their
+first completion on), then ``<tool_call>{"name": "tick", "arguments": {}}</tool_call>``, or ``done`` once the last
+observation says ``tick N of N``. The figures compare the training side: rollout bookkeeping, old/ref scoring and
+the loss forward/backward; no model generates (prefill tokens are counted, not timed). Model: the default
+SmolLM2-135M-Instruct (``gigpo_trl.models.default_model_path()``), its tokenizer with TRL's Qwen2.5 chat template
+(TRL's tool parsing knows no SmolLM2 template), fp32, LoRA r16 on all projections, gradient checkpointing, beta 0,
+loss ``dapo``, each trainer's default token budget unless ``--budget``.
 
-Each trainer runs in its own process (``--arm trl|ours|ours-unshared``); without ``--arm`` the script runs the three
-arms one after the other and prints one table row per arm:
+Shapes (``--shape``): ``2x2`` (2 tasks × 2 rollouts per iteration, a short system prompt) and ``1x8`` (1 task × 8
+rollouts, a ~1,700-token system prompt, ~1,500 of it tool documentation: Ticker plus documented lookup tools that are
+never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared``: one warm-up iteration, then
+``--iterations`` timed ones); without ``--arm`` the script runs ``--rounds`` rounds, each running every arm once in
+turn (arms interleaved, so a change of machine load hits all arms), and prints per arm the median and min-max of
+the timed iterations' seconds, peak RSS (the most of its processes), and per iteration: loss tokens (TRL:
+completion tokens minus tool-result tokens; ours: the rows' completion tokens), forward tokens of the loss
+(``input_ids.numel()`` of every gradient-enabled forward, padding included) and of the no-grad scoring forwards,
+unique tokens (the nodes of each group's prefix tree of its rows' prompt + completion ids: each distinct token
+of a group's episodes once), and prefill tokens (prompt tokens the generate calls compute; ours: also those read from
+kept KV caches):
 
-    python benchmarks/bench_vs_trl.py --calls 3 --iterations 2
-
-Per arm: seconds per iteration (the mean over iterations after the first, which is a warm-up), peak RSS of the
-process, loss tokens per iteration (TRL: completion tokens minus tool-result tokens, ``completion_mask ×
-tool_mask``; ours: the rows' completion tokens) and forward tokens per iteration in the loss (``input_ids.numel()``
-of every gradient-enabled forward, padding and both passes of a shared-prefix forward included) and in the no-grad
-scoring forwards.
+    python benchmarks/bench_vs_trl.py --shape 1x8 --calls 3 --rounds 3
 """
 
 from __future__ import annotations
@@ -65,21 +71,101 @@ class Ticker:
         return 1.0 if self.k == self.calls else 0.0
 
 
-def scripted_player(tokenizer, calls: int, think: int):
-    """``_generate_single_turn`` replacement: one completion per prompt, from the prompt's last ``tick k of N``."""
-    thought = "<think>" + " ".join(["counting"] * think) + "</think>"
-    call = tokenizer.encode(thought + '<tool_call>\n{"name": "tick", "arguments": {}}\n</tool_call><|im_end|>',
-                            add_special_tokens=False)
-    done = tokenizer.encode(thought + "done<|im_end|>", add_special_tokens=False)
+WORDS = ("counting", "next", "the", "tool", "call", "again", "so", "far", "one", "more", "tick", "now", "check",
+         "number", "left", "then", "answer", "steady", "keep", "going", "almost", "there", "step", "by")
+
+
+def scripted_player(tokenizer, calls: int, think: int, vary: bool = False):
+    """``_generate_single_turn`` replacement: one completion per prompt, from the prompt's last ``tick k of N``.
+    ``vary``: the ``<think>`` holds ``think/2 .. 3*think/2`` words drawn at random, seeded by the row's position in
+    the call and ``k`` (a group's trajectories differ; both trainers draw the same); else ``think`` times
+    "counting"."""
+    import random
+
+    call_tail = '<tool_call>\n{"name": "tick", "arguments": {}}\n</tool_call><|im_end|>'
+
+    def completion(position: int, ticks: int, final: bool) -> list[int]:
+        if vary:
+            rng = random.Random(position * 1009 + ticks)
+            words = [rng.choice(WORDS) for _ in range(rng.randint(max(1, think // 2), think + think // 2))]
+        else:
+            words = ["counting"] * think
+        text = "<think>" + " ".join(words) + "</think>" + ("done<|im_end|>" if final else call_tail)
+        return tokenizer.encode(text, add_special_tokens=False)
 
     def generate(prompt_ids, *args, **kwargs):
         out = []
-        for ids in prompt_ids:
+        for position, ids in enumerate(prompt_ids):
             seen = re.findall(r"tick (\d+) of (\d+)", tokenizer.decode(ids[-200:]))
-            out.append(list(done if seen and int(seen[-1][0]) >= calls else call))
+            ticks = int(seen[-1][0]) if seen else 0
+            out.append(completion(position, ticks, bool(seen) and ticks >= calls))
         return out, None
 
     return generate
+
+
+def scripted_model_generate(player, pad_token_id: int):
+    """The model call of :class:`gigpo_trl.kv_reuse.EpisodeKVCaches` played by ``player``: the left-padded rows'
+    completions appended to ``input_ids``, and a one-channel zero cache of the right length, so that the KV-cache
+    path keeps, reuses and counts exactly what it would with the model."""
+    import torch
+    from transformers import DynamicCache
+
+    def generate(input_ids, attention_mask, past_key_values):
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+        completions, _ = player(rows)
+        width = max(len(c) for c in completions)
+        tail = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+        for i, c in enumerate(completions):
+            tail[i, : len(c)] = torch.tensor(c)
+        length = input_ids.shape[1] + width - 1
+        zeros = torch.zeros((len(rows), 1, length, 1))
+        return torch.cat([input_ids, tail], dim=1), DynamicCache(ddp_cache_data=[(zeros, zeros.clone())])
+
+    return generate
+
+
+def documented_ticker(tools: int = 10, words: int = 65):
+    """Ticker plus ``tools`` lookup tools of ``words``-word docstrings (never called): with the default 10 x 65 the
+    tools' schemas put ~1,500 tokens of documentation into the system prompt."""
+    import random
+
+    rng = random.Random(0)
+    topics = ("inventory", "weather", "calendar", "orders", "shipping", "billing", "accounts", "catalog", "support",
+              "reviews", "stock", "routes")
+    vocabulary = ("returns", "record", "matching", "query", "field", "value", "the", "each", "entry", "list", "date",
+                  "limit", "results", "sorted", "by", "relevance", "when", "several", "match", "otherwise", "empty",
+                  "string", "identifier", "current", "user", "session", "cached", "minutes", "fresh", "source")
+    members = {}
+    for t in range(tools):
+        topic = topics[t % len(topics)]
+        text = " ".join(rng.choice(vocabulary) for _ in range(words))
+
+        def lookup(self, query: str) -> str:
+            return "no result"
+
+        lookup.__name__ = lookup.__qualname__ = f"lookup_{topic}_{t}"
+        lookup.__doc__ = (f"Look up {topic}: {text}.\n\nArgs:\n    query: what to look up in {topic}.\n\n"
+                          "Returns:\n    The matching entries as text.")
+        members[lookup.__name__] = lookup
+    return type("DocumentedTicker", (Ticker,), members)
+
+
+def count_unique(sequences) -> int:
+    """Distinct tokens of ``(group, token ids)`` pairs counted once per distinct prefix within a group: the nodes of
+    each group's prefix tree (tasks of different groups may share their prompt; only a group's rows share a
+    forward)."""
+    roots: dict = {}
+    nodes = 0
+    for group, seq in sequences:
+        node = roots.setdefault(group, {})
+        for token in seq:
+            child = node.get(token)
+            if child is None:
+                child = node[token] = {}
+                nodes += 1
+            node = child
+    return nodes
 
 
 # ------------------------------------------------------------------ set-up shared with benchmarks/trl_findings.py
@@ -115,10 +201,14 @@ def dataset(n: int):
     return datasets.Dataset.from_list([{"prompt": prompt, "task": f"ticker {i}", "seed": i} for i in range(n)])
 
 
-def common_args(max_steps: int) -> dict:
-    """The config fields both trainers share: 2 tasks × 2 rollouts per iteration, beta 0, loss ``dapo``, fp32,
-    gradient checkpointing."""
-    return dict(per_device_train_batch_size=4, num_generations=2, steps_per_generation=1,
+SHAPES = {"2x2": (2, 2), "1x8": (1, 8)}  # tasks x rollouts per iteration
+
+
+def common_args(max_steps: int, shape: str = "2x2") -> dict:
+    """The config fields both trainers share: ``shape``'s tasks × rollouts per iteration, beta 0, loss ``dapo``,
+    fp32, gradient checkpointing."""
+    tasks, rollouts = SHAPES[shape]
+    return dict(per_device_train_batch_size=tasks * rollouts, num_generations=rollouts, steps_per_generation=1,
                 gradient_accumulation_steps=1, max_steps=max_steps, learning_rate=1e-5, beta=0.0, loss_type="dapo",
                 bf16=False, gradient_checkpointing=True, report_to="none", save_strategy="no", logging_steps=1,
                 use_cpu=True, seed=0, disable_tqdm=True)
@@ -128,29 +218,53 @@ def run_arm(cli) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    Ticker.calls = cli.calls
+    env = documented_ticker() if cli.shape == "1x8" else Ticker
+    env.calls = cli.calls
     model, tokenizer = load()
     lora_config = lora()
-    dataset_ = dataset(2 * (cli.iterations + 1))
-    common = common_args(cli.iterations + 1)
+    tasks, _ = SHAPES[cli.shape]
+    dataset_ = dataset(tasks * (cli.iterations + 1))
+    common = common_args(cli.iterations + 1, cli.shape)
     out = tempfile.mkdtemp()
+    player = scripted_player(tokenizer, cli.calls, cli.think, vary=True)
+    counts = {"loss_tokens": 0, "forward_tokens": 0, "scoring_tokens": 0, "prefill_tokens": 0,
+              "prefill_tokens_saved": 0}
+    sequences: list[tuple] = []  # (group, a row's prompt + completion ids)
+    budget = {} if cli.budget is None else {"max_tokens_per_microbatch": cli.budget}
     if cli.arm == "trl":
         from trl import GRPOConfig, GRPOTrainer
 
         args = GRPOConfig(output_dir=out, max_completion_length=cli.trl_max_completion,
                           max_tool_calling_iterations=cli.calls + 1, **common)
         trainer = GRPOTrainer(model, reward_funcs=[], args=args, train_dataset=dataset_, processing_class=tokenizer,
-                              peft_config=lora_config, environment_factory=Ticker)
+                              peft_config=lora_config, environment_factory=env)
+
+        def generate(prompt_ids, *args_, **kwargs):  # TRL prefills every prompt in full
+            counts["prefill_tokens"] += sum(len(ids) for ids in prompt_ids)
+            return player(prompt_ids)
+
+        trainer._generate_single_turn = generate
     else:
         from gigpo_trl import GiGPOConfig, GiGPOTrainer
+        from gigpo_trl.observers import RolloutObserver
 
-        budget = {} if cli.budget is None else {"max_tokens_per_microbatch": cli.budget}
         args = GiGPOConfig(output_dir=out, max_completion_length=cli.completion, max_turns=cli.calls + 1,
                            share_prompt_prefix=cli.arm == "ours", **budget, **common)
-        trainer = GiGPOTrainer(model, env=Ticker, args=args, train_dataset=dataset_, processing_class=tokenizer,
+        trainer = GiGPOTrainer(model, env=env, args=args, train_dataset=dataset_, processing_class=tokenizer,
                                peft_config=lora_config)
-    trainer._generate_single_turn = scripted_player(tokenizer, cli.calls, cli.think)
-    counts = {"loss_tokens": 0, "forward_tokens": 0, "scoring_tokens": 0}
+        trainer._generate_single_turn = player  # turns without a conversation episode (none here)
+        caches = trainer.collector.policy.kv_caches
+        if caches is not None:  # the KV-cache path, its model call scripted
+            caches.model_generate = scripted_model_generate(player, tokenizer.pad_token_id)
+
+        class Rows(RolloutObserver):
+            def on_rollout(self, batch, context):
+                if context.mode == "train":
+                    counts["prefill_tokens"] += batch.prefill_tokens
+                    counts["prefill_tokens_saved"] += batch.prefill_tokens_saved
+                    sequences.extend((r.group_id, r.prompt_ids + r.completion_ids) for r in batch.rows)
+
+        trainer.add_rollout_observer(Rows())
 
     def count(module, args_, kwargs):
         ids = kwargs.get("input_ids", args_[0] if args_ else None)
@@ -163,6 +277,10 @@ def run_arm(cli) -> dict:
     def compute_loss(model_, inputs):
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         counts["loss_tokens"] += int(mask.sum())
+        if cli.arm == "trl":  # one row per episode: prompt + the whole conversation after it
+            for i, (p, pm, c, cm) in enumerate(zip(inputs["prompt_ids"], inputs["prompt_mask"],
+                                                   inputs["completion_ids"], inputs["completion_mask"])):
+                sequences.append((i // args.num_generations, p[pm.bool()].tolist() + c[cm.bool()].tolist()))
         return compute(model_, inputs)
 
     trainer._compute_loss = compute_loss
@@ -171,35 +289,60 @@ def run_arm(cli) -> dict:
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
             marks.append(time.perf_counter())
-            counts.update(loss_tokens=0, forward_tokens=0, scoring_tokens=0)
+            counts.update({k_: 0 for k_ in counts})
+            sequences.clear()
 
         def on_step_end(self, *a, **k):
-            per_iteration.append({"seconds": time.perf_counter() - marks[-1], **counts})
+            per_iteration.append({"seconds": time.perf_counter() - marks[-1], **counts,
+                                  "unique_tokens": count_unique(sequences)})
+            counts.update({k_: 0 for k_ in counts})
+            sequences.clear()
 
     trainer.add_callback(Clock())
     trainer.train()
     rewards = [e.get("reward", e.get("episode/return_mean")) for e in trainer.state.log_history if "loss" in e]
     timed = per_iteration[1:] or per_iteration
-    mean = {k: sum(x[k] for x in timed) / len(timed) for k in timed[0]}
-    return {"arm": cli.arm, "calls": cli.calls, **mean, "peak_rss_gb": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "rewards": rewards, "iterations": len(timed)}
+    return {"arm": cli.arm, "calls": cli.calls, "shape": cli.shape, "timed": timed, "peak_rss_gb": resource.getrusage(
+        resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "rewards": rewards}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="2x2",
+                        help="tasks x rollouts per iteration; 1x8 adds ~1,500 tokens of tool documentation")
     parser.add_argument("--calls", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=2, help="timed iterations (after one warm-up)")
-    parser.add_argument("--think", type=int, default=12, help="words in each scripted <think>")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every arm once, in turn")
+    parser.add_argument("--iterations", type=int, default=1, help="timed iterations per process (after one warm-up)")
+    parser.add_argument("--think", type=int, default=12, help="mean words in each scripted <think>")
     parser.add_argument("--completion", type=int, default=96, help="our max_completion_length (per turn)")
     parser.add_argument("--trl_max_completion", type=int, default=4096, help="TRL's (covers the whole episode)")
     parser.add_argument("--budget", type=int, default=None,
-                        help="ours: max_tokens_per_microbatch (default: GiGPOConfig's, 16,384 padded tokens)")
+                        help="ours: max_tokens_per_microbatch (default: GiGPOConfig's)")
     parser.add_argument("--arm", choices=["trl", "ours", "ours-unshared"])
     parser.add_argument("--arms", default="trl,ours-unshared,ours")
+    parser.add_argument("--note", default="", help="a note stored with the figures (e.g. the machine's load)")
     parser.add_argument("--record", action="store_true",
                         help="merge the figures into benchmarks/results/bench_vs_trl.json (the recorded figures) "
                              "instead of outputs/bench/results/")
     return parser
+
+
+def summary(results: list[dict]) -> dict:
+    """One arm's figures over its processes: seconds per timed iteration (median, min, max), the most peak RSS, and
+    the per-iteration token counts (the same every iteration: the episodes are scripted)."""
+    import statistics
+
+    timed = [t for r in results for t in r["timed"]]
+    seconds = [t["seconds"] for t in timed]
+    last = timed[-1]
+    out = {"s_median": round(statistics.median(seconds), 1), "s_min": round(min(seconds), 1),
+           "s_max": round(max(seconds), 1), "timed_iterations": len(seconds),
+           "peak_gb": round(max(r["peak_rss_gb"] for r in results), 2)}
+    for key in ("loss_tokens", "forward_tokens", "scoring_tokens", "unique_tokens", "prefill_tokens",
+                "prefill_tokens_saved"):
+        out[key] = last[key]
+    out["forwarded_per_unique"] = round((last["forward_tokens"] + last["scoring_tokens"]) / last["unique_tokens"], 2)
+    return out
 
 
 def main() -> None:
@@ -207,29 +350,40 @@ def main() -> None:
     if cli.arm:
         print("RESULT " + json.dumps(run_arm(cli)), flush=True)
         return
-    print(f"calls {cli.calls}, iterations {cli.iterations} (+1 warm-up), load {os.getloadavg()}")
-    print(f"{'arm':>14} {'s/iter':>8} {'peak GB':>8} {'loss tok':>9} {'fwd tok':>9} {'score tok':>9}  rewards")
-    figures: dict = {}
-    for arm in cli.arms.split(","):
-        cmd = [sys.executable, __file__, "--arm", arm, "--calls", str(cli.calls), "--iterations", str(cli.iterations),
-               "--think", str(cli.think), "--completion", str(cli.completion),
-               "--trl_max_completion", str(cli.trl_max_completion)] + (
-                   [] if cli.budget is None else ["--budget", str(cli.budget)])
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not found:
-            print(f"{arm:>14} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-            continue
-        r = json.loads(found[-1][len("RESULT "):])
-        print(f"{arm:>14} {r['seconds']:>8.1f} {r['peak_rss_gb']:>8.2f} {r['loss_tokens']:>9.0f} "
-              f"{r['forward_tokens']:>9.0f} {r['scoring_tokens']:>9.0f}  {r['rewards']}", flush=True)
-        label = arm.replace("-", "_") + ("" if cli.budget is None else f"_budget_{cli.budget}")
-        figures |= {f"{label}_s": round(r["seconds"], 1), f"{label}_peak_gb": round(r["peak_rss_gb"], 2),
-                    f"loss_forward_tokens_{label}": r["forward_tokens"], "loss_tokens": r["loss_tokens"]}
-    if "trl_s" in figures and "ours_s" in figures:
-        figures["ratio"] = round(figures["ours_s"] / figures["trl_s"], 2)
+    arms = cli.arms.split(",")
+    print(f"shape {cli.shape}, calls {cli.calls}, {cli.rounds} rounds x {cli.iterations} timed iteration(s) "
+          f"(+1 warm-up each), load {os.getloadavg()}", flush=True)
+    results: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for round_ in range(cli.rounds):
+        for arm in arms:
+            cmd = [sys.executable, __file__, "--arm", arm, "--shape", cli.shape, "--calls", str(cli.calls),
+                   "--iterations", str(cli.iterations), "--think", str(cli.think), "--completion", str(cli.completion),
+                   "--trl_max_completion", str(cli.trl_max_completion)] + (
+                       [] if cli.budget is None else ["--budget", str(cli.budget)])
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+            found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            if proc.returncode != 0 or not found:
+                print(f"{arm:>14} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+                continue
+            r = json.loads(found[-1][len("RESULT "):])
+            results[arm].append(r)
+            print(f"round {round_ + 1} {arm:>14}: {[round(t['seconds'], 1) for t in r['timed']]} s, "
+                  f"{r['peak_rss_gb']:.2f} GB, rewards {r['rewards']}, load {os.getloadavg()[0]:.1f}", flush=True)
+    figures = {arm.replace("-", "_"): summary(rs) for arm, rs in results.items() if rs}
+    print(f"{'arm':>14} {'s/iter':>18} {'peak GB':>8} {'loss tok':>9} {'fwd tok':>9} {'score tok':>9} "
+          f"{'unique':>8} {'fwd/uniq':>8} {'prefill':>9} {'reused':>8}")
+    for arm, f in figures.items():
+        print(f"{arm:>14} {f['s_median']:>6.1f} ({f['s_min']:.1f}-{f['s_max']:.1f}) {f['peak_gb']:>8.2f} "
+              f"{f['loss_tokens']:>9} {f['forward_tokens']:>9} {f['scoring_tokens']:>9} {f['unique_tokens']:>8} "
+              f"{f['forwarded_per_unique']:>8.2f} {f['prefill_tokens']:>9} {f['prefill_tokens_saved']:>8}")
+    if "trl" in figures and "ours" in figures:
+        figures["ratio"] = round(figures["ours"]["s_median"] / figures["trl"]["s_median"], 2)
+        print(f"ours / trl (medians): {figures['ratio']}")
     if figures:
-        write_result("bench_vs_trl", {"calls": {str(cli.calls): figures}}, recorded=cli.record, merge=True)
+        label = cli.shape + ("" if cli.budget is None else f"_budget_{cli.budget}")
+        figures["note"] = cli.note
+        write_result("bench_vs_trl", {"shapes": {label: {str(cli.calls): figures}}}, recorded=cli.record,
+                     merge=True)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,18 @@ def rollout_row() -> str:
 
 
 def vs_trl_row() -> str:
-    calls = load("bench_vs_trl")["figures"]["calls"]
+    figures = load("bench_vs_trl")["figures"]
+    shape = figures.get("shapes", {}).get("1x8")
+    if shape:  # the interleaved, sampled-episode run: 1 task x 8 rollouts, ~1,700-token system prompt
+        cells = [shape[c] for c in sorted(shape, key=int) if "ratio" in shape[c]]
+        ratios = " / ".join(f"{v['ratio']:.2f}×" for v in cells)
+        ours = " / ".join(f"{v['ours']['peak_gb']:.2f}" for v in cells)
+        trl = " / ".join(f"{v['trl']['peak_gb']:.2f}" for v in cells)
+        per = " / ".join(f"{v['ours']['forwarded_per_unique']:.2f}" for v in cells)
+        per_trl = " / ".join(f"{v['trl']['forwarded_per_unique']:.2f}" for v in cells)
+        return (f"1 task × 8 rollouts, ~1,700-token system prompt: {ratios} (medians); peak memory {ours} GB, TRL's "
+                f"{trl} GB; tokens forwarded per unique token {per}, TRL's {per_trl}")
+    calls = figures["calls"]
     ratios = " / ".join(f"{v['ratio']:.2f}×" for v in calls.values())
     ours = " / ".join(f"{v['ours_budget_2048_peak_gb']:.2f}" for v in calls.values())
     trl = " / ".join(f"{v['trl_peak_gb']:.2f}" for v in calls.values())
@@ -218,7 +229,7 @@ INDEX = [
      lambda: f"{_fig('bench_rollout_vllm')['speedup_tokens_per_s']:.1f}× tokens/s",
      "[results](results/bench_rollout_vllm.json)"),
     ("bench_vs_trl.py", "time and memory against TRL's multi-turn GRPO on the same episodes",
-     "python benchmarks/bench_vs_trl.py --calls 3 --arms trl,ours", vs_trl_row, "[results](results/bench_vs_trl.json)"),
+     "python benchmarks/bench_vs_trl.py --shape 1x8 --calls 3 --rounds 3", vs_trl_row, "[results](results/bench_vs_trl.json)"),
     ("trl_findings.py", "three behaviours of TRL's multi-turn path, reproduced", "python benchmarks/trl_findings.py",
      None, "the script's docstring"),
     ("bench_memory.py", "memory of one step against episode length, token budget on and off; the default model",
