@@ -48,6 +48,35 @@ def tiny_train_config(folder, **overrides):
                                       "logging_steps": 1, **overrides})
 
 
+def trl_layout(prompts, completions, pad_id: int, completion_width: int):
+    """Token-id lists in TRL's batch layout: prompts left-padded to the longest, completions right-padded to
+    ``completion_width``. Returns ``(input_ids, attention_mask)``, both ``(rows, longest prompt + width)``."""
+    import torch
+
+    w = max(map(len, prompts))
+    ids = torch.full((len(prompts), w + completion_width), pad_id)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        ids[i, w - len(p) : w] = torch.tensor(p)
+        mask[i, w - len(p) : w] = 1
+        ids[i, w : w + len(c)] = torch.tensor(c)
+        mask[i, w : w + len(c)] = 1
+    return ids, mask
+
+
+def loss_test_trainer(folder, model_dir, tokenizer):
+    """A trainer whose loss tests call ``compute_loss`` directly: the toy line walk, KL on (beta 0.04), no token
+    budget, one accumulation step (``Trainer.train`` sets it otherwise)."""
+    from toy_env import NoisyLineWalkEnv
+
+    from gigpo_trl import GiGPOTrainer
+
+    args = tiny_train_config(folder, beta=0.04, max_tokens_per_microbatch=None)
+    trainer = GiGPOTrainer(model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tokenizer)
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
 def capture_rollouts(trainer, modes=("train", "eval")) -> list:
     """Every :class:`RolloutBatch` the trainer's collector returns from now on in one of ``modes``, appended in
     order to the list returned here (a :class:`~gigpo_trl.observers.RolloutObserver`'s ``on_rollout``)."""

@@ -92,15 +92,9 @@ def conversation_rows(tokenizer, seed=1, restart=True):
     if restart:
         prompts.append(rand(12))
         comps.append(rand(3))
-    w = max(map(len, prompts))
-    ids = torch.full((len(prompts), w + C), tokenizer.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for i, (p, c) in enumerate(zip(prompts, comps)):
-        ids[i, w - len(p) : w] = torch.tensor(p)
-        mask[i, w - len(p) : w] = 1
-        ids[i, w : w + len(c)] = torch.tensor(c)
-        mask[i, w : w + len(c)] = 1
-    return ids, mask
+    from conftest import trl_layout
+
+    return trl_layout(prompts, comps, tokenizer.pad_token_id, C)
 
 
 def _model(tokenizer, dtype=torch.float32, lora=False, checkpointing=False):
@@ -172,15 +166,9 @@ def test_bf16_chain_within_padding_drift(tiny_tokenizer, lora):
 # ---------------------------------------------------------------------------------------------- through the trainer
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
-    from conftest import tiny_train_config as make_args
-    from toy_env import NoisyLineWalkEnv
+    from conftest import loss_test_trainer
 
-    from gigpo_trl import GiGPOTrainer
-
-    args = make_args(tmp_path_factory.mktemp("chains"), beta=0.04, max_tokens_per_microbatch=None)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; these tests call the loss directly
-    return trainer
+    return loss_test_trainer(tmp_path_factory.mktemp("chains"), tiny_model_dir, tiny_tokenizer)
 
 
 @pytest.fixture()

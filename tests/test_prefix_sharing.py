@@ -65,15 +65,9 @@ def _rows(tokenizer, seed=1):
         prompts += [system + task + rand(int(torch.randint(1, 9, (1,), generator=g))) for _ in range(3)]
     prompts.append(rand(12))
     comps = [rand(int(torch.randint(1, C + 1, (1,), generator=g))) for _ in prompts]
-    w = max(map(len, prompts))
-    ids = torch.full((len(prompts), w + C), tokenizer.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for i, (p, c) in enumerate(zip(prompts, comps)):
-        ids[i, w - len(p) : w] = torch.tensor(p)
-        mask[i, w - len(p) : w] = 1
-        ids[i, w : w + len(c)] = torch.tensor(c)
-        mask[i, w : w + len(c)] = 1
-    return ids, mask
+    from conftest import trl_layout
+
+    return trl_layout(prompts, comps, tokenizer.pad_token_id, C)
 
 
 def _model(tokenizer, dtype=torch.float32, lora=False, checkpointing=False):
@@ -192,15 +186,9 @@ def test_unsupported_attention_is_named(tiny_tokenizer):
 # ---------------------------------------------------------------------------------------------- through the trainer
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
-    from conftest import tiny_train_config as make_args
-    from toy_env import NoisyLineWalkEnv
+    from conftest import loss_test_trainer
 
-    from gigpo_trl import GiGPOTrainer
-
-    args = make_args(tmp_path_factory.mktemp("prefix"), beta=0.04, max_tokens_per_microbatch=None)
-    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train; these tests call the loss directly
-    return trainer
+    return loss_test_trainer(tmp_path_factory.mktemp("prefix"), tiny_model_dir, tiny_tokenizer)
 
 
 @pytest.fixture()
