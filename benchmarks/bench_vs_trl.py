@@ -21,7 +21,7 @@ never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared`
 turn (arms interleaved, so a change of machine load hits all arms), and prints per arm the median and min-max of
 the timed iterations' seconds, peak RSS (the most of its processes), and per iteration: loss tokens (TRL:
 completion tokens minus tool-result tokens; ours: the rows' completion tokens), forward tokens of the loss
-(``input_ids.numel()`` of every gradient-enabled forward, padding included) and of the no-grad scoring forwards,
+(the ids every gradient-enabled forward embeds, padding included) and of the no-grad scoring forwards,
 unique tokens (the nodes of each group's prefix tree of its rows' prompt + completion ids: each distinct token
 of a group's episodes once), and prefill tokens (prompt tokens the generate calls compute; ours: also those read from
 kept KV caches):
@@ -266,12 +266,10 @@ def run_arm(cli) -> dict:
 
         trainer.add_rollout_observer(Rows())
 
-    def count(module, args_, kwargs):
-        ids = kwargs.get("input_ids", args_[0] if args_ else None)
-        if ids is not None:
-            counts["forward_tokens" if torch.is_grad_enabled() else "scoring_tokens"] += ids.numel()
+    def count(module, args_):  # every forward embeds its ids, whichever module it enters through
+        counts["forward_tokens" if torch.is_grad_enabled() else "scoring_tokens"] += args_[0].numel()
 
-    trainer.model.register_forward_pre_hook(count, with_kwargs=True)
+    trainer.model.get_input_embeddings().register_forward_pre_hook(count)
     compute = trainer._compute_loss
 
     def compute_loss(model_, inputs):
