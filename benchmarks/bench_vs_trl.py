@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arms", default="trl,ours-unshared,ours")
     parser.add_argument("--note", default="", help="a note stored with the figures (e.g. the machine's load)")
     parser.add_argument("--record", action="store_true",
-                        help="merge the figures into benchmarks/results/bench_vs_trl.json (the recorded figures) "
+                        help="merge the figures into benchmarks/results/bench_vs_trl_sampled.json (the recorded figures) "
                              "instead of outputs/bench/results/")
     return parser
 
@@ -380,7 +380,7 @@ def main() -> None:
     if figures:
         label = cli.shape + ("" if cli.budget is None else f"_budget_{cli.budget}")
         figures["note"] = cli.note
-        write_result("bench_vs_trl", {"shapes": {label: {str(cli.calls): figures}}}, recorded=cli.record,
+        write_result("bench_vs_trl_sampled", {"shapes": {label: {str(cli.calls): figures}}}, recorded=cli.record,
                      merge=True)
 
 

@@ -77,9 +77,9 @@ def rollout_row() -> str:
 
 
 def vs_trl_row() -> str:
-    figures = load("bench_vs_trl")["figures"]
-    shape = figures.get("shapes", {}).get("1x8")
-    if shape:  # the interleaved, sampled-episode run: 1 task x 8 rollouts, ~1,700-token system prompt
+    sampled = RESULTS / "bench_vs_trl_sampled.json"
+    shape = load("bench_vs_trl_sampled")["figures"].get("shapes", {}).get("1x8") if sampled.exists() else None
+    if shape:  # the interleaved runs, a group's episodes differing: 1 task x 8 rollouts, ~1,700-token system prompt
         cells = [shape[c] for c in sorted(shape, key=int) if "ratio" in shape[c]]
         ratios = " / ".join(f"{v['ratio']:.2f}×" for v in cells)
         ours = " / ".join(f"{v['ours']['peak_gb']:.2f}" for v in cells)
@@ -88,7 +88,7 @@ def vs_trl_row() -> str:
         per_trl = " / ".join(f"{v['trl']['forwarded_per_unique']:.2f}" for v in cells)
         return (f"1 task × 8 rollouts, ~1,700-token system prompt: {ratios} (medians); peak memory {ours} GB, TRL's "
                 f"{trl} GB; tokens forwarded per unique token {per}, TRL's {per_trl}")
-    calls = figures["calls"]
+    calls = load("bench_vs_trl")["figures"]["calls"]
     ratios = " / ".join(f"{v['ratio']:.2f}×" for v in calls.values())
     ours = " / ".join(f"{v['ours_budget_2048_peak_gb']:.2f}" for v in calls.values())
     trl = " / ".join(f"{v['trl_peak_gb']:.2f}" for v in calls.values())
@@ -229,7 +229,7 @@ INDEX = [
      lambda: f"{_fig('bench_rollout_vllm')['speedup_tokens_per_s']:.1f}× tokens/s",
      "[results](results/bench_rollout_vllm.json)"),
     ("bench_vs_trl.py", "time and memory against TRL's multi-turn GRPO on the same episodes",
-     "python benchmarks/bench_vs_trl.py --shape 1x8 --calls 3 --rounds 3", vs_trl_row, "[results](results/bench_vs_trl.json)"),
+     "python benchmarks/bench_vs_trl.py --calls 3 --arms trl,ours", vs_trl_row, "[results](results/bench_vs_trl.json)"),
     ("trl_findings.py", "three behaviours of TRL's multi-turn path, reproduced", "python benchmarks/trl_findings.py",
      None, "the script's docstring"),
     ("bench_memory.py", "memory of one step against episode length, token budget on and off; the default model",
