@@ -21,10 +21,13 @@ never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared`
 turn (arms interleaved, so a change of machine load hits all arms), and prints per arm the median and min-max of
 the timed iterations' seconds, peak RSS (the most of its processes), and per iteration: loss tokens (TRL:
 completion tokens minus tool-result tokens; ours: the rows' completion tokens), forward tokens of the loss
-(the ids every gradient-enabled forward embeds, padding included) and of the no-grad scoring forwards,
-unique tokens (the nodes of each group's prefix tree of its rows' prompt + completion ids: each distinct token
-of a group's episodes once), and prefill tokens (prompt tokens the generate calls compute; ours: also those read from
-kept KV caches):
+(the real tokens every gradient-enabled forward computes: its attention mask over the columns of its ids, padding
+excluded; each shared prefix and each chain unit counted where it is computed) and of the no-grad scoring forwards,
+the loss forwards' padded tokens (the ids they embed), unique tokens (the nodes of the prefix tree of the iteration's
+rows' prompt + completion ids, all groups together, since a forward shares prefixes across the groups of its rows:
+each distinct token prefix once, the least any exact forward must compute), forwarded per unique (forward + scoring
+tokens / unique tokens; at least 1.0 for the loss forwards alone), and prefill tokens (prompt tokens the generate
+calls compute; ours: also those read from kept KV caches):
 
     python benchmarks/bench_vs_trl.py --shape 1x8 --calls 3 --rounds 3
 """
@@ -152,13 +155,13 @@ def documented_ticker(tools: int = 10, words: int = 65):
 
 
 def count_unique(sequences) -> int:
-    """Distinct tokens of ``(group, token ids)`` pairs counted once per distinct prefix within a group: the nodes of
-    each group's prefix tree (tasks of different groups may share their prompt; only a group's rows share a
-    forward)."""
-    roots: dict = {}
+    """Distinct token prefixes of the token-id sequences: the nodes of their prefix tree, whichever group or row each
+    comes from (a forward shares the prefixes of all its rows, and tasks of different groups may share their whole
+    prompt)."""
+    root: dict = {}
     nodes = 0
-    for group, seq in sequences:
-        node = roots.setdefault(group, {})
+    for seq in sequences:
+        node = root
         for token in seq:
             child = node.get(token)
             if child is None:
@@ -227,9 +230,9 @@ def run_arm(cli) -> dict:
     common = common_args(cli.iterations + 1, cli.shape)
     out = tempfile.mkdtemp()
     player = scripted_player(tokenizer, cli.calls, cli.think, vary=True)
-    counts = {"loss_tokens": 0, "forward_tokens": 0, "scoring_tokens": 0, "prefill_tokens": 0,
-              "prefill_tokens_saved": 0}
-    sequences: list[tuple] = []  # (group, a row's prompt + completion ids)
+    counts = {"loss_tokens": 0, "forward_tokens": 0, "scoring_tokens": 0, "forward_tokens_padded": 0,
+              "prefill_tokens": 0, "prefill_tokens_saved": 0, "embed_calls": 0, "backbone_calls": 0}
+    sequences: list[list[int]] = []  # each row's prompt + completion ids
     budget = {} if cli.budget is None else {"max_tokens_per_microbatch": cli.budget}
     if cli.arm == "trl":
         from trl import GRPOConfig, GRPOTrainer
@@ -262,14 +265,28 @@ def run_arm(cli) -> dict:
                 if context.mode == "train":
                     counts["prefill_tokens"] += batch.prefill_tokens
                     counts["prefill_tokens_saved"] += batch.prefill_tokens_saved
-                    sequences.extend((r.group_id, r.prompt_ids + r.completion_ids) for r in batch.rows)
+                    sequences.extend(r.prompt_ids + r.completion_ids for r in batch.rows)
 
         trainer.add_rollout_observer(Rows())
 
-    def count(module, args_):  # every forward embeds its ids, whichever module it enters through
-        counts["forward_tokens" if torch.is_grad_enabled() else "scoring_tokens"] += args_[0].numel()
+    embedding = trainer.model.get_input_embeddings()
+    backbone = next(m for m in trainer.model.modules() if getattr(m, "embed_tokens", None) is embedding)
 
-    trainer.model.get_input_embeddings().register_forward_pre_hook(count)
+    def count_padded(module, args_):  # every forward embeds its ids, whichever module it enters through
+        counts["embed_calls"] += 1
+        if torch.is_grad_enabled():
+            counts["forward_tokens_padded"] += args_[0].numel()
+
+    def count_real(module, args_, kwargs):
+        # the real tokens this forward computes: its mask over its own columns (a shared-prefix suffix pass's mask
+        # also spans the prefix keys it reads, computed by the prefix pass and counted there)
+        counts["backbone_calls"] += 1
+        ids, mask = kwargs.get("input_ids", args_[0] if args_ else None), kwargs.get("attention_mask")
+        real = ids.numel() if mask is None else int(mask[:, -ids.size(1):].sum())
+        counts["forward_tokens" if torch.is_grad_enabled() else "scoring_tokens"] += real
+
+    embedding.register_forward_pre_hook(count_padded)
+    backbone.register_forward_pre_hook(count_real, with_kwargs=True)
     compute = trainer._compute_loss
 
     def compute_loss(model_, inputs):
@@ -278,7 +295,7 @@ def run_arm(cli) -> dict:
         if cli.arm == "trl":  # one row per episode: prompt + the whole conversation after it
             for i, (p, pm, c, cm) in enumerate(zip(inputs["prompt_ids"], inputs["prompt_mask"],
                                                    inputs["completion_ids"], inputs["completion_mask"])):
-                sequences.append((i // args.num_generations, p[pm.bool()].tolist() + c[cm.bool()].tolist()))
+                sequences.append(p[pm.bool()].tolist() + c[cm.bool()].tolist())
         return compute(model_, inputs)
 
     trainer._compute_loss = compute_loss
@@ -291,6 +308,9 @@ def run_arm(cli) -> dict:
             sequences.clear()
 
         def on_step_end(self, *a, **k):
+            if counts["embed_calls"] != counts["backbone_calls"]:  # a forward the real-token count did not see
+                raise RuntimeError(f"{counts['embed_calls']} embedding calls but {counts['backbone_calls']} "
+                                   f"through {type(backbone).__name__}")
             per_iteration.append({"seconds": time.perf_counter() - marks[-1], **counts,
                                   "unique_tokens": count_unique(sequences)})
             counts.update({k_: 0 for k_ in counts})
@@ -336,8 +356,8 @@ def summary(results: list[dict]) -> dict:
     out = {"s_median": round(statistics.median(seconds), 1), "s_min": round(min(seconds), 1),
            "s_max": round(max(seconds), 1), "timed_iterations": len(seconds),
            "peak_gb": round(max(r["peak_rss_gb"] for r in results), 2)}
-    for key in ("loss_tokens", "forward_tokens", "scoring_tokens", "unique_tokens", "prefill_tokens",
-                "prefill_tokens_saved"):
+    for key in ("loss_tokens", "forward_tokens", "scoring_tokens", "forward_tokens_padded", "unique_tokens",
+                "prefill_tokens", "prefill_tokens_saved"):
         out[key] = last[key]
     out["forwarded_per_unique"] = round((last["forward_tokens"] + last["scoring_tokens"]) / last["unique_tokens"], 2)
     return out
@@ -369,11 +389,12 @@ def main() -> None:
                   f"{r['peak_rss_gb']:.2f} GB, rewards {r['rewards']}, load {os.getloadavg()[0]:.1f}", flush=True)
     figures = {arm.replace("-", "_"): summary(rs) for arm, rs in results.items() if rs}
     print(f"{'arm':>14} {'s/iter':>18} {'peak GB':>8} {'loss tok':>9} {'fwd tok':>9} {'score tok':>9} "
-          f"{'unique':>8} {'fwd/uniq':>8} {'prefill':>9} {'reused':>8}")
+          f"{'padded':>8} {'unique':>8} {'fwd/uniq':>8} {'prefill':>9} {'reused':>8}")
     for arm, f in figures.items():
         print(f"{arm:>14} {f['s_median']:>6.1f} ({f['s_min']:.1f}-{f['s_max']:.1f}) {f['peak_gb']:>8.2f} "
-              f"{f['loss_tokens']:>9} {f['forward_tokens']:>9} {f['scoring_tokens']:>9} {f['unique_tokens']:>8} "
-              f"{f['forwarded_per_unique']:>8.2f} {f['prefill_tokens']:>9} {f['prefill_tokens_saved']:>8}")
+              f"{f['loss_tokens']:>9} {f['forward_tokens']:>9} {f['scoring_tokens']:>9} "
+              f"{f['forward_tokens_padded']:>8} {f['unique_tokens']:>8} {f['forwarded_per_unique']:>8.2f} "
+              f"{f['prefill_tokens']:>9} {f['prefill_tokens_saved']:>8}")
     if "trl" in figures and "ours" in figures:
         figures["ratio"] = round(figures["ours"]["s_median"] / figures["trl"]["s_median"], 2)
         print(f"ours / trl (medians): {figures['ratio']}")

@@ -61,6 +61,7 @@ def test_importtime_log_is_read_as_top_level_names():
 # ------------------------------------------------------------------------------------------ results files and pages
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
+import bench_vs_trl  # noqa: E402  (benchmarks/bench_vs_trl.py)
 import gen_results  # noqa: E402  (scripts/gen_results.py)
 import report_screenshot  # noqa: E402  (scripts/report_screenshot.py)
 import results_io  # noqa: E402  (benchmarks/results_io.py)
@@ -90,6 +91,14 @@ def test_a_changed_figure_makes_the_pages_stale(tmp_path, monkeypatch, capsys):
 def test_figure_formats_by_hand():
     assert gen_results.gap({"gap_pp": 2.96875, "ci95_pp": [-1.873, 7.81]}, " pp") == "+3.0 pp [\u22121.9, +7.8]"
     assert gen_results.signed(-0.04) == "0.0" and gen_results.signed(-2.25) == "\u22122.2"
+
+
+def test_bench_vs_trl_unique_tokens_count_a_prompt_shared_across_groups_once():
+    """The denominator of forwarded-per-unique is every distinct token prefix of the iteration's rows, whichever group
+    each row is in: two groups whose tasks share a prompt (the forward computes it once) count it once."""
+    prompt = [7, 8, 9]
+    rows = [prompt + [1, 2], prompt + [1, 2, 3, 4], prompt + [5], prompt + [5, 6]]  # groups A, A, B, B
+    assert bench_vs_trl.count_unique(rows) == 3 + 2 + 2 + 1 + 1
 
 
 def test_g2po_table_shows_folded_cells_and_pending_ones(tmp_path, monkeypatch):
