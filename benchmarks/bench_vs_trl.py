@@ -157,18 +157,10 @@ def documented_ticker(tools: int = 10, words: int = 65):
 def count_unique(sequences) -> int:
     """Distinct token prefixes of the token-id sequences: the nodes of their prefix tree, whichever group or row each
     comes from (a forward shares the prefixes of all its rows, and tasks of different groups may share their whole
-    prompt)."""
-    root: dict = {}
-    nodes = 0
-    for seq in sequences:
-        node = root
-        for token in seq:
-            child = node.get(token)
-            if child is None:
-                child = node[token] = {}
-                nodes += 1
-            node = child
-    return nodes
+    prompt); the trainer's own count (:func:`gigpo_trl.chains.unique_tokens`)."""
+    from gigpo_trl.chains import unique_tokens
+
+    return unique_tokens(sequences)
 
 
 # ------------------------------------------------------------------ set-up shared with benchmarks/trl_findings.py
