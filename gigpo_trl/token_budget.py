@@ -133,10 +133,11 @@ class TokenBudgetMixin(PrefixSharingMixin):
         real = inputs.get("real_row_mask")
         keep = list(range(len(p_len))) if real is None else torch.nonzero(real).flatten().tolist()  # no filler
         subs = []
-        prompts, completions = rows_of_batch(*_forward_input(inputs))
-        if self._prefix_sharing_reason(self.model, training=True) is None and None not in prompts + completions:
+        sharing = self._prefix_sharing_reason(self.model, training=True) is None
+        prompts, completions = rows_of_batch(*_forward_input(inputs)) if sharing else ([], [])
+        if sharing and None not in prompts + completions:
             packs = pack_rows_chained([prompts[i] for i in keep], [completions[i] for i in keep], budget, multiple)
-        elif self._prefix_sharing_reason(self.model, training=True) is None:
+        elif sharing:
             prompts = prompts_from_batch(inputs["prompt_ids"], inputs["prompt_mask"], 0)
             packs = pack_rows_shared([prompts[i] for i in keep], [c_len[i] for i in keep], budget, multiple)
         else:
