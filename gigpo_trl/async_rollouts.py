@@ -41,6 +41,7 @@ import math
 import threading
 import time
 from collections.abc import Hashable, Iterator, Sequence
+
 from . import trl_compat
 from .episodes import RolloutBatch
 from .observers import RolloutContext, notify
