@@ -77,6 +77,17 @@ def loss_test_trainer(folder, model_dir, tokenizer):
     return trainer
 
 
+def count_forward_calls(monkeypatch, name: str) -> list:
+    """Patches ``gigpo_trl.prefix_sharing_mixin.<name>`` (a forward the trainer's hook may run) to record the rows of
+    each call (``len`` of its ``input_ids``) before running it; returns that list."""
+    import gigpo_trl.prefix_sharing_mixin as mixin
+
+    calls = []
+    real = getattr(mixin, name)
+    monkeypatch.setattr(mixin, name, lambda *a, **k: calls.append(a[1].size(0)) or real(*a, **k))
+    return calls
+
+
 def capture_rollouts(trainer, modes=("train", "eval")) -> list:
     """Every :class:`RolloutBatch` the trainer's collector returns from now on in one of ``modes``, appended in
     order to the list returned here (a :class:`~gigpo_trl.observers.RolloutObserver`'s ``on_rollout``)."""

@@ -174,12 +174,9 @@ def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
 @pytest.fixture()
 def spy(monkeypatch):
     """Counts the chain forwards the trainer runs (rows per call)."""
-    import gigpo_trl.prefix_sharing_mixin as mixin
+    from conftest import count_forward_calls
 
-    calls = []
-    real = mixin.chain_logps
-    monkeypatch.setattr(mixin, "chain_logps", lambda *a, **k: calls.append(a[1].size(0)) or real(*a, **k))
-    return calls
+    return count_forward_calls(monkeypatch, "chain_logps")
 
 
 def _batch(tokenizer):

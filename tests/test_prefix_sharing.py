@@ -194,12 +194,9 @@ def trainer(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
 @pytest.fixture()
 def spy(monkeypatch):
     """Counts the shared-prefix forwards the trainer runs."""
-    import gigpo_trl.prefix_sharing_mixin as tb
+    from conftest import count_forward_calls
 
-    calls = []
-    real = tb.shared_prefix_logps
-    monkeypatch.setattr(tb, "shared_prefix_logps", lambda *a, **k: calls.append(a[1].size(0)) or real(*a, **k))
-    return calls
+    return count_forward_calls(monkeypatch, "shared_prefix_logps")
 
 
 def _batch(trainer, tokenizer):
