@@ -16,7 +16,7 @@ call computed, minus the last completion token (never fed back); an episode's ne
 starts with exactly these ids (a restarted transcript does not, and is computed in full). Kept caches are freed when
 their episode is not in a turn's call any more (ended) and at the end of each rollout (:meth:`EpisodeKVCaches.clear`).
 
-Only where the model's cache is a plain ``DynamicCache`` of full-attention layers (:func:`kv_caches_for`): sliding
+Only where the model's cache is a plain ``DynamicCache`` of full-attention layers (:func:`~gigpo_trl.generation.kv_caches_for`): sliding
 windows and other cache kinds keep TRL's path. vLLM keeps its own cache (prefix caching, see
 :mod:`gigpo_trl.vllm_glue`).
 """
