@@ -12,7 +12,7 @@ max_turns, admissible_actions)`` builds its own messages instead (the paper's en
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .envs.base import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_PROMPT
@@ -92,3 +92,21 @@ def max_prompt_length(context: int | None, max_prompt_length: int | None, max_co
             )
         return max_prompt_length
     return None if context is None else max(1, context - (max_completion_length or 0))
+
+
+def tokenize_distinct(tokenize_fn: Callable, messages: list[list[dict]]) -> list[list[int]]:
+    """``tokenize_fn`` over the distinct prompts only, in one call: group members in the same state with the same
+    history share a prompt (all N of a group at turn 0). Prompts with non-text content are all sent."""
+    if not messages:
+        return []
+    try:
+        keys = [tuple((m["role"], m["content"]) for m in msgs) for msgs in messages]
+        first: dict = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+    except TypeError:  # unhashable (multimodal) content
+        return tokenize_fn(messages)
+    unique = list(first.values())
+    ids = tokenize_fn([messages[i] for i in unique])
+    by_key = {keys[i]: tokens for i, tokens in zip(unique, ids)}
+    return [list(by_key[key]) for key in keys]

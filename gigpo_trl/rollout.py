@@ -33,7 +33,7 @@ from .episodes import Episode, RolloutBatch, StepRow, TrajectoryRecord
 from .observers import RolloutContext, RolloutObserver, notify
 from .parsing import parse_for_env
 from .policy import Completions, Policy, Turn
-from .prompts import build_messages
+from .prompts import build_messages, tokenize_distinct
 
 logger = logging.getLogger(__name__)
 
@@ -386,10 +386,13 @@ class RolloutCollector:
         """Step every pool once with its slots' actions, record one :class:`StepRow` per live episode and advance
         its state (history, observation, anchor); an episode ends on the env's ``done`` or its turn limit (then
         truncated). An env error fails the trajectory."""
-        results = {}
-        for key, slot_actions in actions.items():
-            for slot, res in self._pool(key).step(slot_actions).items():
-                results[(key, slot)] = res
+        results = {(key, slot): res for key, slot_actions in actions.items()
+                   for slot, res in self._pool(key).step(slot_actions).items()}
+        self._record_steps(live, prompts, out, parsed, results, turn, batch)
+
+    def _record_steps(self, live: list[Episode], prompts, out: Completions, parsed, results: Mapping, turn: int,
+                      batch: RolloutBatch) -> None:
+        """The recording half of :meth:`_step_envs`: ``results[(env key, slot)]`` is each live episode's step."""
         for n, ep in enumerate(live):
             (messages, p_ids, _), action = prompts[n], parsed[n]
             batch.max_prompt_tokens = max(batch.max_prompt_tokens, len(p_ids))
@@ -454,24 +457,6 @@ class RolloutCollector:
         ep.record.failed = True
         ep.record.error = error
         logger.warning("trajectory %s (task %r) failed: %s", ep.record.trajectory_id, ep.task, error)
-
-
-def tokenize_distinct(tokenize_fn: Callable, messages: list[list[dict]]) -> list[list[int]]:
-    """``tokenize_fn`` over the distinct prompts only, in one call: group members in the same state with the same
-    history share a prompt (all N of a group at turn 0). Prompts with non-text content are all sent."""
-    if not messages:
-        return []
-    try:
-        keys = [tuple((m["role"], m["content"]) for m in msgs) for msgs in messages]
-        first: dict = {}
-        for i, key in enumerate(keys):
-            first.setdefault(key, i)
-    except TypeError:  # unhashable (multimodal) content
-        return tokenize_fn(messages)
-    unique = list(first.values())
-    ids = tokenize_fn([messages[i] for i in unique])
-    by_key = {keys[i]: tokens for i, tokens in zip(unique, ids)}
-    return [list(by_key[key]) for key in keys]
 
 
 def build_collector(args, env_factories: Mapping[str, Callable[[], Any]], policy: Policy, tokenize_fn: Callable,
