@@ -43,15 +43,19 @@ class GiGPOConfig(GRPOConfig):
         > Parameters that control the GiGPO advantage (arXiv 2505.10978, Sec. 3)
 
         estimator (`str` or `None`, *optional*, defaults to `None`):
-            `"gigpo"`, `"grpo"` (ω = 0), `"hgpo"`, `"graphgpo"` or `"g2po"`: sets the fields below to that recipe. It
-            fixes `step_advantage_weight`, `step_grouping`, `step_return` (another value given is an error); fields
-            left at their defaults take the recipe's value (GraphGPO: γ = 0.10, `mean_std_norm`). `None`: the fields.
-        step_advantage_weight (`float`, *optional*, defaults to `1.0`):
-            ω in A = A_E + ω·A_S. `0.0` gives plain GRPO (episode-level advantage only), the baseline.
-        gamma (`float`, *optional*, defaults to `0.95`):
-            γ, discount of the step return G_t = r_t + γ·G_{t+1}. In [0, 1].
-        advantage_mode (`str`, *optional*, defaults to `"mean_norm"`):
+            `"gigpo"`, `"grpo"` (ω = 0), `"hgpo"`, `"graphgpo"` or `"g2po"`: sets the fields below that are not given
+            to that recipe. It fixes `step_advantage_weight`, `step_grouping`, `step_return` (giving one another
+            value is an error, even GiGPO's; giving the recipe's is not); the recipe's other values (GraphGPO: γ =
+            0.10, `mean_std_norm`) yield to a value given. `None`: the fields, GiGPO's where not given. A built
+            config holds the resolved values.
+        step_advantage_weight (`float` or `None`, *optional*, defaults to `None`):
+            ω in A = A_E + ω·A_S. `0.0` gives plain GRPO (episode-level advantage only), the baseline. `None`: the
+            estimator's, else `1.0`.
+        gamma (`float` or `None`, *optional*, defaults to `None`):
+            γ, discount of the step return G_t = r_t + γ·G_{t+1}. In [0, 1]. `None`: the estimator's, else `0.95`.
+        advantage_mode (`str` or `None`, *optional*, defaults to `None`):
             Normalisation of both levels: `"mean_norm"` (x − mean) or `"mean_std_norm"` ((x − mean)/(std + 1e-6)).
+            `None`: the estimator's, else `"mean_norm"`.
         episode_stats (`str`, *optional*, defaults to `"rows"`):
             Episode-level group statistics over all rows of the group (`"rows"`, the reference's choice) or over
             one value per trajectory (`"trajectories"`).
@@ -61,11 +65,12 @@ class GiGPOConfig(GRPOConfig):
         anchor_similarity_threshold (`float` or `None`, *optional*, defaults to `None`):
             `None` groups rows whose anchor states are identical; a value in (0, 1) merges anchor texts at least
             that similar (see `compute_gigpo_advantages`).
-        step_grouping (`str`, *optional*, defaults to `"state"`):
+        step_grouping (`str` or `None`, *optional*, defaults to `None`):
             Step groups of A_S: `"state"` (GiGPO: same anchor state) or `"hierarchical"` (HGPO, arXiv 2602.22817,
             as its authors' recipe computes it: nested groups of rows that also share the previous k =
             1..`hierarchy_depth` anchor states of their trajectory; the advantage is the weighted mean of the
-            non-zero per-level advantages alone, so `step_advantage_weight` does not apply).
+            non-zero per-level advantages alone, so `step_advantage_weight` does not apply). `None`: the
+            estimator's, else `"state"`.
         hierarchy_depth (`int`, *optional*, defaults to `2`):
             K, the most previous anchor states in a context of `step_grouping="hierarchical"` (the recipe's
             `history_length`). Ignored for `"state"`.
@@ -75,13 +80,13 @@ class GiGPOConfig(GRPOConfig):
         hierarchy_base_group (`bool`, *optional*, defaults to `False`):
             With `step_grouping="hierarchical"`, add the episode advantage A_E to each row's levels as one more item
             of weight 1 (the recipe's `base_group`; its scripts leave it off). It is never added on top.
-        step_return (`str`, *optional*, defaults to `"discounted"`):
+        step_return (`str` or `None`, *optional*, defaults to `None`):
             The return that A_S normalises: `"discounted"` (GiGPO's G_t), `"graph"` (GraphGPO, arXiv 2605.26684, as
             its authors' recipe computes it: 10·γ^d, d the shortest distance from the state the action led to to
             success in the task group's transition graph; needs exact anchors; its γ is 0.10 on ALFWorld, 0.20 on
             WebShop, see `configs/*_graphgpo.yaml`) or `"g2po"` (G2PO, arXiv 2606.22995: V(s'), the group-aggregated
             value of the state the action led to, plus its gain over V(s)). Both need `step_grouping="state"`; A_E
-            and ω stay GiGPO's (see `docs/estimators.md`).
+            and ω stay GiGPO's (see `docs/estimators.md`). `None`: the estimator's, else `"discounted"`.
         graph_normalize_distance (`bool`, *optional*, defaults to `False`):
             With `step_return="graph"`, the return 10·γ^(d(s') − d(s) + 1) of the progress from the anchor state
             s to the state s' the action led to, instead of 10·γ^d(s') (the recipe's `normalize_distance`; its run
@@ -211,19 +216,19 @@ class GiGPOConfig(GRPOConfig):
 
     # GiGPO advantage
     estimator: str | None = field(default=None, metadata={
-        "help": "Sets the advantage fields to an estimator's recipe: 'gigpo', 'grpo', 'hgpo', 'graphgpo' or 'g2po'. "
-                "None: the fields alone decide.", "choices": list(ESTIMATORS)})
-    step_advantage_weight: float = field(
-        default=1.0,
-        metadata={"help": "ω in A = A_E + ω·A_S. 0.0 gives plain GRPO (episode-level advantage only)."},
+        "help": "Sets the advantage fields not given to an estimator's recipe: 'gigpo', 'grpo', 'hgpo', 'graphgpo' or "
+                "'g2po'. None: the fields alone decide.", "choices": list(ESTIMATORS)})
+    # None: the estimator's value, GiGPO's without one (PRESET_FIELDS), so that a value given is always told apart.
+    step_advantage_weight: float | None = field(
+        default=None,
+        metadata={"help": "ω in A = A_E + ω·A_S. 0.0 gives plain GRPO. None: the estimator's, else 1.0."},
     )
-    gamma: float = field(
-        default=0.95, metadata={"help": "γ, discount of the step return G_t = r_t + γ·G_{t+1}. In [0, 1]."}
-    )
-    advantage_mode: str = field(
-        default="mean_norm",
-        metadata={"help": "Advantage normalisation: 'mean_norm' (x − mean) or 'mean_std_norm' ((x − mean)/(std + 1e-6)).",
-                  "choices": list(MODES)},
+    gamma: float | None = field(default=None, metadata={
+        "help": "γ, discount of the step return G_t = r_t + γ·G_{t+1}. In [0, 1]. None: the estimator's, else 0.95."})
+    advantage_mode: str | None = field(
+        default=None,
+        metadata={"help": "Advantage normalisation: 'mean_norm' (x − mean) or 'mean_std_norm' ((x − mean)/(std + 1e-6)). "
+                          "None: the estimator's, else 'mean_norm'.", "choices": list(MODES)},
     )
     episode_stats: str = field(
         default="rows",
@@ -238,10 +243,11 @@ class GiGPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "None: exact anchor-state match. A value in (0, 1): merge anchor texts at least that similar."},
     )
-    step_grouping: str = field(
-        default="state",
+    step_grouping: str | None = field(
+        default=None,
         metadata={"help": "Step groups of A_S: 'state' (GiGPO, same anchor state) or 'hierarchical' (HGPO: nested "
-                          "groups that also share the last 1..hierarchy_depth turns of history).",
+                          "groups that also share the last 1..hierarchy_depth turns of history). None: the "
+                          "estimator's, else 'state'.",
                   "choices": list(STEP_GROUPINGS)},
     )
     hierarchy_depth: int = field(
@@ -259,12 +265,13 @@ class GiGPOConfig(GRPOConfig):
         metadata={"help": "With step_grouping='hierarchical', add A_E as one more item of weight 1 to each row's "
                           "weighted mean (the recipe's base_group)."},
     )
-    step_return: str = field(
-        default="discounted",
+    step_return: str | None = field(
+        default=None,
         metadata={"help": "The return that A_S normalises: 'discounted' (GiGPO's G_t) or 'graph' (GraphGPO: 10·γ^d, "
                           "d the distance from the state the action led to to success in the task group's "
                           "transition graph; the recipe's γ is 0.10 on ALFWorld, 0.20 on WebShop) or 'g2po' (G2PO: "
-                          "the group-aggregated value of the state the action led to, plus its gain).",
+                          "the group-aggregated value of the state the action led to, plus its gain). None: the "
+                          "estimator's, else 'discounted'.",
                   "choices": list(STEP_RETURNS)},
     )
     graph_normalize_distance: bool = field(
@@ -432,10 +439,10 @@ class GiGPOConfig(GRPOConfig):
         check_unused_grpo_fields(self)  # GRPOConfig fields GiGPOTrainer never reads
 
     def _check_estimator(self) -> None:
-        """The estimator's fields (after `estimator`'s recipe): a bad value raises naming it; unused settings warn."""
-        if self.estimator is not None:  # the recipe's values (gigpo_trl.advantage.settings.estimator_fields)
-            for name, value in estimator_fields(self.estimator, vars(self)).items():
-                setattr(self, name, value)
+        """The estimator's fields (those not given: `estimator`'s recipe): a bad value raises naming it; unused
+        settings warn."""
+        for name, value in estimator_fields(self.estimator, vars(self)).items():  # the PRESET_FIELDS left None
+            setattr(self, name, value)
         for name, allowed in (("advantage_mode", MODES), ("episode_stats", EPISODE_STATS),
                               ("step_grouping", STEP_GROUPINGS), ("step_return", STEP_RETURNS)):
             if getattr(self, name) not in allowed:

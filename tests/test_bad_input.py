@@ -63,6 +63,13 @@ make_args = tiny_run_config  # tests/conftest.py: 4 rollouts x 3 turns, one iter
      r"estimator must be None or one of \['gigpo', 'grpo', 'hgpo', 'graphgpo', 'g2po'\], got 'gpo'"),
     (dict(estimator="grpo", step_advantage_weight=0.5), ValueError,
      r"estimator='grpo' sets step_advantage_weight=0.0, but step_advantage_weight=0.5 was given; drop one"),
+    # a value given equal to GiGPO's default is given all the same
+    (dict(estimator="grpo", step_advantage_weight=1.0), ValueError,
+     r"estimator='grpo' sets step_advantage_weight=0.0, but step_advantage_weight=1.0 was given; drop one"),
+    (dict(estimator="hgpo", step_grouping="state"), ValueError,
+     r"estimator='hgpo' sets step_grouping='hierarchical', but step_grouping='state' was given; drop one"),
+    (dict(estimator="graphgpo", step_return="discounted"), ValueError,
+     r"estimator='graphgpo' sets step_return='graph', but step_return='discounted' was given; drop one"),
     (dict(estimator="g2po", step_grouping="hierarchical"), ValueError,
      r"estimator='g2po' sets step_grouping='state', but step_grouping='hierarchical' was given"),
     (dict(estimator="graphgpo", anchor_similarity_threshold=0.8), ValueError,

@@ -150,3 +150,73 @@ def test_estimator_field_sets_the_recipe(estimator, expected):
     assert GiGPOConfig(**base, estimator=estimator, gamma=0.2).estimator_settings.gamma == 0.2
     # giving a fixed field its preset value is no conflict
     assert GiGPOConfig(**base, estimator=estimator, **old).estimator_settings == EstimatorSettings(**expected)
+
+
+# GiGPOConfig's values of the preset fields before they defaulted to None: what no estimator and no field still gives
+GIGPO_DEFAULTS = {"step_advantage_weight": 1.0, "gamma": 0.95, "advantage_mode": "mean_norm", "step_grouping": "state",
+                  "step_return": "discounted"}
+CONFIG_BASE = dict(output_dir="unused", num_generations=2, report_to="none", use_cpu=True, bf16=False)
+
+
+def test_preset_fields_default_to_none_and_resolve_to_gigpo():
+    import dataclasses
+
+    from gigpo_trl import GiGPOConfig
+    from gigpo_trl.advantage.settings import PRESET_FIELDS
+
+    assert set(PRESET_FIELDS) == set(GIGPO_DEFAULTS)
+    assert {f.name: f.default for f in dataclasses.fields(GiGPOConfig) if f.name in PRESET_FIELDS} == dict.fromkeys(
+        PRESET_FIELDS)
+    for estimator in (None, "gigpo"):
+        config = GiGPOConfig(**CONFIG_BASE, estimator=estimator)
+        assert {name: getattr(config, name) for name in GIGPO_DEFAULTS} == GIGPO_DEFAULTS
+        assert config.estimator_settings == EstimatorSettings()
+    # without an estimator a field given stands alone, whatever it is (the old fields)
+    config = GiGPOConfig(**CONFIG_BASE, step_advantage_weight=0.5, step_return="graph", gamma=0.2)
+    assert (config.step_advantage_weight, config.step_return, config.gamma, config.advantage_mode) == (
+        0.5, "graph", 0.2, "mean_norm")
+
+
+@pytest.mark.parametrize("estimator", ["gigpo", "grpo", "hgpo", "graphgpo", "g2po"])
+def test_every_preset_value_is_applied_and_told_apart_from_a_given_one(estimator):
+    from gigpo_trl import GiGPOConfig
+    from gigpo_trl.advantage.settings import ESTIMATORS, PRESET_FIELDS
+
+    preset = ESTIMATORS[estimator]
+    settings = GiGPOConfig(**CONFIG_BASE, estimator=estimator).estimator_settings.to_dict()
+    names = EstimatorSettings.config_fields()
+    for setting, value in {**preset["recipe"], **preset["fixes"]}.items():
+        assert settings[setting] == value, setting
+        # a preset value other than GiGPO's is only safe on a field whose default (None) means "not given"
+        if value != getattr(EstimatorSettings(), setting):
+            assert names[setting] in PRESET_FIELDS, setting
+
+
+def test_a_recipe_value_yields_to_any_value_given():
+    from gigpo_trl import GiGPOConfig
+
+    # GiGPO's own values, given: kept, though they equal the fields' former defaults
+    config = GiGPOConfig(**CONFIG_BASE, estimator="graphgpo", gamma=0.95, advantage_mode="mean_norm")
+    assert (config.step_return, config.gamma, config.advantage_mode) == ("graph", 0.95, "mean_norm")
+    # a fixed field given the preset's own value, or None ("the estimator's"), is no conflict
+    config = GiGPOConfig(**CONFIG_BASE, estimator="grpo", step_advantage_weight=0.0, step_grouping=None)
+    assert (config.step_advantage_weight, config.step_grouping) == (0.0, "state")
+
+
+@pytest.mark.parametrize("estimator, given", [
+    (None, {}), ("gigpo", {}), ("grpo", {}), ("hgpo", {"hierarchy_depth": 1}),
+    ("graphgpo", {"gamma": 0.2}), ("graphgpo", {"advantage_mode": "mean_norm", "gamma": 0.95}),
+    ("g2po", {"g2po_success_reward": 1.0, "step_advantage_weight": 1.0}),
+])
+def test_a_resolved_config_rebuilt_from_to_dict_is_itself(estimator, given):
+    import json
+
+    from gigpo_trl import GiGPOConfig
+
+    config = GiGPOConfig(**CONFIG_BASE, estimator=estimator, **given)
+    for values in (config.to_dict(), json.loads(config.to_json_string())):
+        # TRL's own round-trip limits: generation_batch_size is derived from steps_per_generation (giving both
+        # raises), and to_dict masks every *_token as "<..._TOKEN>"
+        values = {k: v for k, v in values.items() if k != "generation_batch_size" and not k.endswith("_token")}
+        assert values["estimator"] == estimator and values["step_advantage_weight"] == config.step_advantage_weight
+        assert GiGPOConfig(**values) == config

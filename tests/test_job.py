@@ -241,6 +241,8 @@ def test_job_adapter_names_the_hub_id_it_was_given(tmp_path, tiny_model_dir, mon
     ("webshop", ["--env", "alfworld"], "--env is not an option of this example, which trains on 'webshop'"),
     ("frozenlake", ["--config", "no_such_file.yaml"], "--config file not found: 'no_such_file.yaml'"),
     ("frozenlake", ["--max_turns", "0"], "max_turns must be >= 1, got 0"),
+    ("frozenlake", ["--estimator", "grpo", "--step_advantage_weight", "1.0"],
+     "estimator='grpo' sets step_advantage_weight=0.0, but step_advantage_weight=1.0 was given; drop one of the two"),
 ])
 def test_main_reports_user_errors_in_one_line(env, argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(DEBUG_ENV, raising=False)
@@ -314,6 +316,36 @@ def test_estimator_flag_sets_the_recipe(tmp_path):
                                                     "--gamma", "0.2"])
     assert (args.estimator, args.step_return, args.gamma, args.advantage_mode) == ("graphgpo", "graph", 0.2,
                                                                                   "mean_std_norm")
+
+
+@pytest.mark.parametrize("argv, yaml, expected", [
+    ([], None, (None, 1.0, 0.95, "mean_norm", "state", "discounted")),  # GiGPO's values, resolved from None
+    (["--step_advantage_weight", "0.5"], None, (None, 0.5, 0.95, "mean_norm", "state", "discounted")),
+    (["--estimator", "grpo"], None, ("grpo", 0.0, 0.95, "mean_norm", "state", "discounted")),
+    (["--estimator", "hgpo", "--step_grouping", "hierarchical"], None,
+     ("hgpo", 1.0, 0.95, "mean_norm", "hierarchical", "discounted")),
+    (["--estimator", "graphgpo", "--advantage_mode", "mean_norm"], None,
+     ("graphgpo", 1.0, 0.1, "mean_norm", "state", "graph")),
+    ([], "estimator: grpo\ngamma: 0.95\n", ("grpo", 0.0, 0.95, "mean_norm", "state", "discounted")),
+    (["--estimator", "g2po"], "gamma: 0.5\n", ("g2po", 1.0, 0.5, "mean_norm", "state", "g2po")),
+])
+def test_estimator_flags_resolve_the_preset_fields(argv, yaml, expected, tmp_path):
+    parser = build_parser({"env": "frozenlake"})
+    if yaml is not None:
+        (tmp_path / "run.yaml").write_text(yaml)
+        argv = [*argv, "--config", str(tmp_path / "run.yaml")]
+    _, args, _ = parser.parse_args_and_config(args=["--output_dir", str(tmp_path), *argv])
+    got = (args.estimator, args.step_advantage_weight, args.gamma, args.advantage_mode, args.step_grouping,
+           args.step_return)
+    assert got == expected and type(args.step_advantage_weight) is float and type(args.gamma) is float
+
+
+def test_a_yaml_value_conflicts_with_the_estimator_flag(tmp_path):
+    (tmp_path / "gpu.yaml").write_text("step_advantage_weight: 1.0\n")  # as configs/*_gpu.yaml set it
+    with pytest.raises(ValueError, match=r"estimator='grpo' sets step_advantage_weight=0.0, but "
+                                         r"step_advantage_weight=1.0 was given; drop one of the two"):
+        build_parser({"env": "frozenlake"}).parse_args_and_config(
+            args=["--output_dir", str(tmp_path), "--config", str(tmp_path / "gpu.yaml"), "--estimator", "grpo"])
 
 
 def test_help_lists_job_and_gigpo_flags_first():

@@ -19,8 +19,9 @@ from .options import EPISODE_STATS, MODES, STEP_GROUPINGS, STEP_RETURNS
 from .rows import as_scalar
 
 #: ``GiGPOConfig.estimator``: each estimator's recipe as settings. ``fixes``: the settings that make the estimator
-#: (another value given with it is an error); ``recipe``: its authors' values of settings left at their defaults
-#: (GraphGPO's gamma is its ALFWorld script's, 0.20 on WebShop).
+#: (another value given with it is an error); ``recipe``: its authors' values of settings not given (GraphGPO's gamma
+#: is its ALFWorld script's, 0.20 on WebShop). A value here other than ``EstimatorSettings()``'s must be on a field of
+#: :data:`PRESET_FIELDS`, so that a value given equal to GiGPO's default is still told apart from none.
 ESTIMATORS: dict[str, dict[str, dict[str, Any]]] = {
     "gigpo": {"fixes": {"step_advantage_weight": 1.0, "step_grouping": "state", "step_return": "discounted"},
               "recipe": {}},
@@ -38,6 +39,10 @@ ESTIMATORS: dict[str, dict[str, dict[str, Any]]] = {
 #: Configuration fields whose name differs from the setting they set (``GiGPOConfig`` field -> setting); every other
 #: setting has a configuration field of its own name.
 CONFIG_NAMES = {"mode": "advantage_mode", "similarity_threshold": "anchor_similarity_threshold"}
+
+#: The ``GiGPOConfig`` fields a preset sets to another value than GiGPO's: they default to ``None``, "the estimator's
+#: value, GiGPO's without one", resolved by :func:`estimator_fields` when the configuration is built.
+PRESET_FIELDS = ("step_advantage_weight", "gamma", "advantage_mode", "step_grouping", "step_return")
 
 
 @dataclass(frozen=True)
@@ -126,27 +131,28 @@ class EstimatorSettings:
         return {f.name: CONFIG_NAMES.get(f.name, f.name) for f in dataclasses.fields(cls)}
 
 
-def estimator_fields(estimator: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The configuration fields that ``GiGPOConfig(estimator=estimator)`` sets: ``{field: value}``.
+def estimator_fields(estimator: str | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The configuration fields that ``GiGPOConfig(estimator=estimator)`` resolves: ``{field: value}``.
 
     ``given``: ``{field: value}`` of the configuration's estimator fields (as :meth:`EstimatorSettings.config_fields`
-    names them). A field the estimator fixes takes its value; one left at its default (``EstimatorSettings()``'s)
-    takes the recipe's value. ``ValueError`` for an unknown ``estimator`` and for a fixed field given another value
-    than its default and the estimator's (naming both).
+    names them), ``None`` on a field of :data:`PRESET_FIELDS` meaning "not given". Each field of
+    :data:`PRESET_FIELDS` not given takes the estimator's value, else GiGPO's (``EstimatorSettings()``'s); a value
+    given is kept. ``ValueError`` for an unknown ``estimator`` and for a field the estimator fixes given another
+    value (naming both); a value given equal to the estimator's is no conflict, so a resolved configuration
+    rebuilt from its own fields (``GiGPOConfig(**config.to_dict())``) gives itself.
     """
-    if estimator not in ESTIMATORS:
+    if estimator is not None and estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be None or one of {list(ESTIMATORS)}, got {estimator!r}")
-    names, defaults, out = EstimatorSettings.config_fields(), EstimatorSettings(), {}
-    for setting, value in ESTIMATORS[estimator]["fixes"].items():
+    names = EstimatorSettings.config_fields()
+    preset = ESTIMATORS[estimator] if estimator is not None else {"fixes": {}, "recipe": {}}
+    for setting, value in preset["fixes"].items():
         name = names[setting]
-        if given[name] != value and given[name] != getattr(defaults, setting):
+        if given[name] != value and not (given[name] is None and name in PRESET_FIELDS):
             raise ValueError(f"estimator={estimator!r} sets {name}={value!r}, but {name}={given[name]!r} was given; "
                              f"drop one of the two")
-        out[name] = value
-    for setting, value in ESTIMATORS[estimator]["recipe"].items():
-        if given[names[setting]] == getattr(defaults, setting):
-            out[names[setting]] = value
-    return out
+    values = {names[s]: v for s, v in EstimatorSettings().to_dict().items()}  # GiGPO's
+    values.update({names[s]: v for s, v in {**preset["recipe"], **preset["fixes"]}.items()})
+    return {name: values[name] for name in PRESET_FIELDS if given[name] is None}
 
 
-__all__ = ["CONFIG_NAMES", "ESTIMATORS", "EstimatorSettings", "estimator_fields"]
+__all__ = ["CONFIG_NAMES", "ESTIMATORS", "PRESET_FIELDS", "EstimatorSettings", "estimator_fields"]
