@@ -108,10 +108,10 @@ class AsyncRollouts:
         # The producer's own copy of TRL's VLLMGeneration: evaluate() changes the trainer's sampling attributes
         # meanwhile (gigpo_trl.generation.eval_sampling), never these. Same client, same server.
         self._vllm = copy.copy(trainer.vllm_generation)
-        decode = functools.partial(trainer.processing_class.batch_decode, skip_special_tokens=True)
-        # Its own collector (own env pools; no observers: the trainer tells them when it trains on a rollout).
-        self.collector = build_collector(trainer.args, trainer.env_factories,
-                                         GenerationPolicy(self._complete_turn, decode),
+        self._decode = functools.partial(trainer.processing_class.batch_decode, skip_special_tokens=True)
+        # Its own collector (own env pools; no observers: the trainer tells them when it trains on a rollout); each
+        # producer thread gives it a policy bound to that thread (_run).
+        self.collector = build_collector(trainer.args, trainer.env_factories, None,
                                          trl_compat.ChatTemplating(trainer), trainer._prompt_limit)
         self._cond = threading.Condition()
         self._ready: dict[int, tuple[list[dict], RolloutBatch, int | None]] = {}
@@ -122,9 +122,10 @@ class AsyncRollouts:
         self._stop = threading.Event()  # this producer's; close() sets it and makes a new one
 
     # ------------------------------------------------------------------ the producer (its thread)
-    def _complete_turn(self, prompt_ids: list[list[int]]):
+    def _complete_turn(self, producer: threading.Thread, prompt_ids: list[list[int]]):
         # No weight push here: only the trainer's thread pushes, between optimizer steps, under the weights' lock.
-        if threading.current_thread() is not self._thread:  # close() was called: end this rollout at its next turn
+        # Called from the producer's thread, or from a request thread of its rollout (episodes stepped independently).
+        if producer is not self._thread:  # close() was called: end this rollout at its next request
             raise _Cancelled
         return trl_compat.vllm_generate(self._vllm, prompt_ids)
 
@@ -138,6 +139,8 @@ class AsyncRollouts:
 
     def _run(self, start: int, tasks: Iterator[list[dict]], stop: threading.Event) -> None:
         weights = self.trainer.weights_version
+        producer = threading.current_thread()
+        self.collector.policy = GenerationPolicy(functools.partial(self._complete_turn, producer), self._decode)
         try:
             for k in itertools.count(start):
                 with self._cond:

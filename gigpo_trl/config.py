@@ -150,7 +150,14 @@ class GiGPOConfig(GRPOConfig):
             trained on at most this many versions (optimizer steps) later, with the importance-sampling correction.
             `0`: the synchronous loop. At least the optimizer steps of one rollout.
         async_rollout_timeout (`float` or `None`, *optional*, defaults to `600.0`):
-            With `max_staleness > 0`: seconds the trainer waits for the rollout producer before a `TimeoutError`.
+            With `max_staleness > 0`: seconds the trainer waits for the rollout producer before a `TimeoutError`;
+            with `episode_stepping="independent"`: seconds one generate request may take.
+        episode_stepping (`str`, *optional*, defaults to `"lockstep"`):
+            `"lockstep"`: each turn is one generate call for all live episodes, then every environment steps.
+            `"independent"` (vLLM server mode, one process; see `gigpo_trl.concurrent_rollout`): an episode whose
+            environment has answered sends its next request at once, so no turn waits for the slowest environment;
+            the same rows, in the same order. Opt-in: in-process environments are then stepped from several threads
+            at once (one per episode), and which prompts share a request depends on timing.
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of `evaluate()` episodes; `0.0` is greedy.
         eval_max_tasks (`int` or `None`, *optional*, defaults to `None`):
@@ -342,7 +349,13 @@ class GiGPOConfig(GRPOConfig):
                           "optimises and trained on at most this many weight versions later. 0: synchronous."},
     )
     async_rollout_timeout: float | None = field(
-        default=600.0, metadata={"help": "max_staleness > 0: seconds to wait for the rollout producer before an error."}
+        default=600.0, metadata={"help": "max_staleness > 0: seconds to wait for the rollout producer before an error; "
+                                         "episode_stepping='independent': seconds one generate request may take."}
+    )
+    episode_stepping: str = field(
+        default="lockstep",
+        metadata={"help": "'lockstep': one generate call per turn for all episodes; 'independent' (vLLM server mode, "
+                          "one process): each episode requests its next turn as soon as its environment answered."},
     )
     eval_temperature: float = field(
         default=0.0, metadata={"help": "Sampling temperature of evaluate() episodes; 0.0 is greedy."}

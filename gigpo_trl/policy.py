@@ -72,6 +72,10 @@ class Completions:
 class Policy:
     """The interface of what acts in an episode: :meth:`act`, and :meth:`turn_size` where processes must agree."""
 
+    #: whether :meth:`act` may run in several threads at once, each call on its own episodes (requests to a server);
+    #: the collector steps episodes independently (:mod:`gigpo_trl.concurrent_rollout`) only with such a policy
+    thread_safe: bool = False
+
     def turn_size(self, n_local: int) -> int:
         """How many prompts this turn's :meth:`act` covers on every process, given this process's ``n_local`` live
         episodes; 0 ends the rollout. Default ``n_local``: no agreement needed (nothing collective in :meth:`act`)."""
@@ -117,6 +121,11 @@ class GenerationPolicy(Policy):
     def generate_fn(self, fn: Callable) -> None:
         self._generate_fn = fn
         self.kv_caches = None
+
+    @property
+    def thread_safe(self) -> bool:
+        """One process (no collective in a call) and no kept KV caches: calls share no state."""
+        return self.sync_fn is None and self.kv_caches is None
 
     def turn_size(self, n_local: int) -> int:
         return self.sync_fn(n_local) if self.sync_fn is not None else n_local

@@ -10,6 +10,9 @@ Per turn (GiGPO Sec. 3 / Alg. 1, "rollout" phase):
 3. parse ``<think>…</think><action>…</action>`` (or the env's ``parse_completion``) — :mod:`gigpo_trl.parsing`;
 4. step the environments through an :class:`~gigpo_trl.envs.pool.EnvPool`.
 
+With ``episode_stepping="independent"`` (vLLM server) each episode runs these steps at its own pace instead
+(:mod:`gigpo_trl.concurrent_rollout`): the same rows, in the same order.
+
 A trajectory ends at ``done``, at ``max_turns`` (truncation, treated as terminal by the advantage), or when
 its environment fails (raises, times out, returns a bad value) or its prompt cannot fit ``max_prompt_length`` even
 without history: a failed trajectory is recorded with its
@@ -25,6 +28,7 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+from .concurrent_rollout import run_independently
 from .conversation import ChatTurnIds, Transcript, observation_message, resolve_history_mode
 from .envs.base import episode_success, success_threshold
 from .envs.checker import anchor_warnings, check_anchor
@@ -68,6 +72,9 @@ class RolloutCollector:
             extends prompts with; ``None``: built from ``tokenize_fn.render`` and ``tokenize_fn.stop_ids``.
         observers: :class:`~gigpo_trl.observers.RolloutObserver` s told of each batch :meth:`collect` returns
             (``on_rollout``); the list is :attr:`observers`, shared with the trainer's.
+        independent_episodes: each episode steps at its own pace (:mod:`gigpo_trl.concurrent_rollout`) when the
+            policy is :attr:`~gigpo_trl.policy.Policy.thread_safe`; else lockstep. ``generate_timeout``: seconds one
+            of its generate requests may take.
     """
 
     def __init__(
@@ -90,6 +97,8 @@ class RolloutCollector:
         history_mode: str | None = None,
         conversation_max_turns: int | None = None,
         chat_turns: ChatTurnIds | None = None,
+        independent_episodes: bool = False,
+        generate_timeout: float | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -105,6 +114,7 @@ class RolloutCollector:
         self.history_length = history_length
         self.max_prompt_length = max_prompt_length
         self.progress = progress
+        self.independent_episodes, self.generate_timeout = independent_episodes, generate_timeout
         self.require_think = require_think
         self.success_threshold = success_threshold
         self._thresholds: dict[str, float] = {}  # per env, from its probe instance at first use
@@ -287,12 +297,25 @@ class RolloutCollector:
             raise ValueError(f"tasks ({len(tasks)}) and group_ids ({len(group_ids)}) differ in length")
         batch = RolloutBatch()
         episodes = self._start_episodes(tasks, group_ids, trajectory_prefix, batch)
-        filler: list[int] | None = None  # a prompt that filler rows repeat (the first real prompt of the batch)
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.max_turns, desc="rollout turns", leave=False)
+        if self.independent_episodes and self.policy.thread_safe:  # vLLM server: no turn waits for the slowest env
+            run_independently(self, episodes, batch, self.generate_timeout, bar)
+        else:
+            self._lockstep(episodes, batch, bar)
+        self.policy.end_rollout()  # kept KV caches are freed before the batch is scored and trained on
+        if bar is not None:
+            bar.close()
+        batch = self._close_trajectories(batch)
+        notify(self.observers, "on_rollout", batch, context if context is not None else RolloutContext())
+        return batch
+
+    def _lockstep(self, episodes: list[Episode], batch: RolloutBatch, bar) -> None:
+        """Every turn: one :meth:`Policy.act` call for all live episodes, then every environment steps."""
+        filler: list[int] | None = None  # a prompt that filler rows repeat (the first real prompt of the batch)
         for turn in range(self.max_turns):
             live, prompts = self._turn_prompts(episodes, turn)
             if prompts and filler is None:
@@ -309,12 +332,6 @@ class RolloutCollector:
             self._step_envs(live, prompts, out, parsed, actions, turn, batch)
             if bar is not None:
                 bar.update(1)
-        self.policy.end_rollout()  # kept KV caches are freed before the batch is scored and trained on
-        if bar is not None:
-            bar.close()
-        batch = self._close_trajectories(batch)
-        notify(self.observers, "on_rollout", batch, context if context is not None else RolloutContext())
-        return batch
 
     def collect_evaluation(self, tasks: Sequence[Mapping], rank: int = 0, world: int = 1, chunk_size: int = 1,
                            context: RolloutContext | None = None) -> RolloutBatch:
@@ -466,7 +483,8 @@ def build_collector(args, env_factories: Mapping[str, Callable[[], Any]], policy
     """The one factory of rollout collectors (training, evaluation, warm-up): every setting that comes from the
     run's :class:`~gigpo_trl.GiGPOConfig` ``args`` is read here (``max_turns``, ``history_length``,
     ``require_think``, ``success_reward_threshold``, ``num_env_workers``, ``env_step_timeout``, ``env_backend``,
-    ``ray_address``, ``history_mode``, ``conversation_max_turns``), so two collectors of one run cannot drift. The other arguments are :class:`RolloutCollector`'s."""
+    ``ray_address``, ``history_mode``, ``conversation_max_turns``, ``episode_stepping``, ``async_rollout_timeout``),
+    so two collectors of one run cannot drift. The other arguments are :class:`RolloutCollector`'s."""
     return RolloutCollector(
         env_factories, policy, tokenize_fn, max_turns=args.max_turns, history_length=args.history_length,
         max_prompt_length=max_prompt_length, num_env_workers=args.num_env_workers,
@@ -474,4 +492,5 @@ def build_collector(args, env_factories: Mapping[str, Callable[[], Any]], policy
         progress=progress, require_think=args.require_think, templates=templates, observers=observers,
         success_threshold=args.success_reward_threshold, history_mode=args.history_mode,
         conversation_max_turns=args.conversation_max_turns,
+        independent_episodes=args.episode_stepping == "independent", generate_timeout=args.async_rollout_timeout,
     )

@@ -9,10 +9,13 @@ from typing import Any
 
 from .conversation import HISTORY_MODES
 
+EPISODE_STEPPINGS = ("lockstep", "independent")  # GiGPOConfig.episode_stepping (gigpo_trl.concurrent_rollout)
+
 
 def check_rollout_settings(args: Any) -> None:
     """Check ``max_turns``, ``history_length``, ``history_mode``, ``conversation_max_turns``, the environment worker
-    fields (``num_env_workers``, ``env_backend``, ``ray_address``, ``env_step_timeout``) and ``max_prompt_length``."""
+    fields (``num_env_workers``, ``env_backend``, ``ray_address``, ``env_step_timeout``), ``max_prompt_length`` and
+    ``episode_stepping``."""
     if args.max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {args.max_turns}")
     if args.history_length < 0:
@@ -25,6 +28,18 @@ def check_rollout_settings(args: Any) -> None:
     _check_env_workers(args)
     if args.max_prompt_length is not None and args.max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be None or >= 1, got {args.max_prompt_length}")
+    _check_episode_stepping(args)
+
+
+def _check_episode_stepping(args: Any) -> None:
+    stepping = args.episode_stepping
+    if stepping not in EPISODE_STEPPINGS:
+        raise ValueError(f"episode_stepping must be one of {list(EPISODE_STEPPINGS)}, got {stepping!r}")
+    if stepping == "independent" and not (args.use_vllm and args.vllm_mode == "server" and args.world_size == 1):
+        raise ValueError(
+            "episode_stepping='independent' sends each episode's requests to the vLLM server on their own: it needs "
+            f"use_vllm=True, vllm_mode='server' and one training process; got use_vllm={args.use_vllm}, "
+            f"vllm_mode={args.vllm_mode!r}, {args.world_size} process(es). Set episode_stepping='lockstep'")
 
 
 def _check_env_workers(args: Any) -> None:

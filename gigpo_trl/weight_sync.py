@@ -65,10 +65,14 @@ def sync_weights_if_changed(trainer, weights: WeightsVersion, can_push: bool = T
     (``trainer.vllm_generation.sync_weights()``, looked up at call time) when ``weights`` changed, record the
     version pushed, and mark the current step as loaded for TRL so that its own check does not push again.
     ``can_push=False`` (server mode without CUDA, where the server keeps its own weights) skips the push only.
-    The push holds ``weights.lock``. Returns whether it pushed."""
+    The push holds ``weights.lock``; concurrent callers (the requests of independently stepped episodes) push once.
+    Returns whether it pushed."""
     pushed = False
     if weights.changed:
         with weights.lock:  # never in the middle of a rollout that must see one version
+            if not weights.changed:  # pushed by another request of this rollout while this one waited
+                trl_compat.mark_weights_loaded(trainer)
+                return False
             if can_push:
                 with profiling_context(trainer, "sync_weights"):
                     trainer.vllm_generation.sync_weights()

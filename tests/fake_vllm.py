@@ -78,3 +78,26 @@ class SyncingVLLMClient(RecordingVLLMClient):
 
 def weights_digest(named_tensors) -> float:
     return float(sum(tensor.double().sum() for _, tensor in named_tensors))
+
+
+class GreedyVLLMClient(SyncingVLLMClient):
+    """:class:`SyncingVLLMClient` whose answer depends on the prompt only, as greedy decoding's: equal prompts get equal
+    completions whichever request carries them, so episodes stepped on their own give the lockstep rollout's rows.
+    One prompt in four gets a completion without tags (an invalid action). ``on_request(prompts)``, when set, is
+    called with each request's prompts before the fake answers it."""
+
+    on_request = None
+
+    @classmethod
+    def answer(cls, prompt_ids: list[int], k: int) -> tuple[list[int], list[float]]:
+        ids, logps = super().answer(prompt_ids, 0)
+        digest = int(hashlib.sha256(repr(list(prompt_ids)).encode()).hexdigest(), 16)
+        if digest % 4 == 0:
+            ids = cls.tokenizer.encode(f"no tags {digest % 7}", add_special_tokens=False) + [cls.tokenizer.eos_token_id]
+            logps = logps[: len(ids)] + [-0.5] * (len(ids) - len(logps))
+        return ids, logps
+
+    def _post(self, url, json=None, **kwargs):
+        if type(self).on_request is not None:
+            type(self).on_request(json["prompt"])
+        return super()._post(url, json=json, **kwargs)

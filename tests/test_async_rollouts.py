@@ -18,7 +18,7 @@ import pytest
 import requests
 import torch
 from conftest import tiny_train_config
-from fake_vllm import RecordingVLLMClient, SyncingVLLMClient
+from fake_vllm import GreedyVLLMClient, RecordingVLLMClient, SyncingVLLMClient
 from toy_env import LineWalkEnv
 
 from gigpo_trl import GiGPOTrainer, trl_compat
@@ -106,6 +106,25 @@ def test_async_run_trains_on_the_synchronous_runs_rows_one_version_per_rollout(t
     assert _logged(run, "async/staleness_max") == _logged(run, "async/staleness_mean") == staleness
     assert _logged(run, "async/groups_dropped") == [0.0, 0.0, 0.0]
     assert _logged(sync, "async/groups_dropped") == []
+
+
+def test_episodes_stepped_on_their_own_train_on_the_lockstep_rows(tmp_path, tiny_model_dir, tiny_tokenizer):
+    def greedy():  # answers depend on the prompt only: the rows cannot depend on which request carried a prompt
+        return type("Client", (GreedyVLLMClient,), {"events": []})
+
+    sync, _, sync_scored = build(tmp_path / "sync", tiny_model_dir, tiny_tokenizer, client=greedy())
+    sync.train()
+    run, client, scored = build(tmp_path / "async", tiny_model_dir, tiny_tokenizer, client=greedy(), max_staleness=1,
+                                episode_stepping="independent")
+    assert run.collector.independent_episodes and run.async_rollouts.collector.independent_episodes
+    run.train()
+    assert len(scored.batches) == len(sync_scored.batches) == 3
+    for (rows, out), (sync_rows, sync_out) in zip(scored.batches, sync_scored.batches):
+        assert len({r.policy_version for r in rows}) == 1  # one version per rollout
+        assert _unversioned(rows) == sync_rows
+        torch.testing.assert_close(out["advantages"], sync_out["advantages"], rtol=0, atol=0)
+    assert sum(kind == "sync" for kind, _ in client.events) == 3  # one push per iteration, none doubled
+    assert _logged(run, "async/groups_dropped") == [0.0, 0.0, 0.0]
 
 
 def _wait_ready(rollouts, k, timeout=60.0):

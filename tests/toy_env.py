@@ -49,6 +49,30 @@ class LineWalkEnv(TextEnv):
         return datasets.Dataset.from_dict({"task": [3, 4, 5, 6] * 4, "seed": [base + i for i in range(16)]})
 
 
+class JitteryWalkEnv(LineWalkEnv):
+    """LineWalkEnv whose every step takes a random 0-``max_delay`` seconds (drawn from the episode's seed and turn, so
+    environments answer in another order than they were asked), and whose step raises at turn ``fail_turn`` of the
+    episode with seed ``fail_seed``: for the independently stepped episodes of tests/test_concurrent_rollout.py."""
+
+    def __init__(self, max_delay: float = 0.03, fail_seed: int | None = None, fail_turn: int = 1):
+        super().__init__()
+        self.max_delay, self.fail_seed, self.fail_turn = max_delay, fail_seed, fail_turn
+
+    def reset(self, task, seed=None):
+        self.seed, self.turn = seed, 0
+        return super().reset(task, seed)
+
+    def step(self, action):
+        import random
+        import time
+
+        time.sleep(random.Random(f"{self.seed}:{self.turn}").uniform(0.0, self.max_delay))
+        self.turn += 1
+        if self.seed == self.fail_seed and self.turn == self.fail_turn + 1:
+            raise RuntimeError("simulated crash in step")
+        return super().step(action)
+
+
 class NoisyLineWalkEnv(LineWalkEnv):
     """LineWalkEnv whose unparsable completions reach step() as raw text (invalid_action=None), so a random
     policy moves by the parity of its text length: varied returns for the trainer tests."""

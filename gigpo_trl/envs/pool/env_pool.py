@@ -110,6 +110,13 @@ class EnvPool:
     def num_slots(self) -> int:
         return len(self._slot_tasks)
 
+    def lane(self, slot: int) -> int:
+        """Where ``slot``'s environment runs: its worker (``slot % num_workers``), or, in process, the slot itself.
+        :meth:`step` calls on slots of different lanes may run at the same time from different threads; calls on
+        one lane must not overlap (a worker answers one message at a time; an environment takes one call at a
+        time)."""
+        return slot % self.num_workers if self.num_workers else slot
+
     def reset(self, tasks: Sequence[Any], seeds: Sequence[int | None]) -> list[EnvResult]:
         """Start ``len(tasks)`` episodes; slot ``i`` gets ``tasks[i]``, ``seeds[i]``. Returns one result per slot."""
         self._check_open()
