@@ -340,12 +340,24 @@ def test_estimator_flags_resolve_the_preset_fields(argv, yaml, expected, tmp_pat
     assert got == expected and type(args.step_advantage_weight) is float and type(args.gamma) is float
 
 
-def test_a_yaml_value_conflicts_with_the_estimator_flag(tmp_path):
-    (tmp_path / "gpu.yaml").write_text("step_advantage_weight: 1.0\n")  # as configs/*_gpu.yaml set it
+def test_the_estimator_flag_replaces_the_config_files_fixed_fields(tmp_path, capsys):
+    # configs/*.yaml state GiGPO's omega; `--estimator grpo` on top of one is the GRPO baseline, as any flag beats the
+    # file. The file's other fields stay, and a conflicting value given as a flag is still an error.
+    (tmp_path / "gpu.yaml").write_text("step_advantage_weight: 1.0\nstep_return: graph\ngamma: 0.5\nmax_turns: 7\n")
+    base = ["--output_dir", str(tmp_path), "--config", str(tmp_path / "gpu.yaml")]
+    job, config, _ = build_parser({"env": "frozenlake"}).parse_args_and_config(args=[*base, "--estimator", "grpo"])
+    assert (config.estimator, config.step_advantage_weight, config.step_return, config.gamma, config.max_turns) == (
+        "grpo", 0.0, "discounted", 0.5, 7)
+    assert capsys.readouterr().err.strip() == (
+        "[gigpo] --estimator grpo replaces the config file's step_advantage_weight: 1.0, step_return: 'graph'")
+    job, config, _ = build_parser({"env": "frozenlake"}).parse_args_and_config(args=[*base, "--estimator=g2po"])
+    assert (config.step_advantage_weight, config.step_return, config.gamma) == (1.0, "g2po", 0.5)
+    _, config, _ = build_parser({"env": "frozenlake"}).parse_args_and_config(args=base)  # no flag: the file holds
+    assert (config.estimator, config.step_advantage_weight, config.step_return) == (None, 1.0, "graph")
     with pytest.raises(ValueError, match=r"estimator='grpo' sets step_advantage_weight=0.0, but "
                                          r"step_advantage_weight=1.0 was given; drop one of the two"):
         build_parser({"env": "frozenlake"}).parse_args_and_config(
-            args=["--output_dir", str(tmp_path), "--config", str(tmp_path / "gpu.yaml"), "--estimator", "grpo"])
+            args=[*base, "--estimator", "grpo", "--step_advantage_weight", "1.0"])
 
 
 def test_help_lists_job_and_gigpo_flags_first():

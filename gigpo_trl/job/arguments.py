@@ -132,7 +132,23 @@ class _JobParser:
                 raise ValueError("--config needs the path of a YAML file")
             if not Path(args[i + 1]).is_file():
                 raise FileNotFoundError(f"--config file not found: {args[i + 1]!r}")
+        self._flag_estimator = next((args[i + 1] if a == "--estimator" else a.split("=", 1)[1]
+                                     for i, a in enumerate(args) if a == "--estimator" and i + 1 < len(args)
+                                     or a.startswith("--estimator=")), None)
         return super().parse_args_and_config(args, **kwargs)
+
+    def set_defaults_with_config(self, **config):
+        # The command line beats the file: an --estimator flag replaces the file's values of the fields that the
+        # estimator fixes (configs/*.yaml state GiGPO's omega; `--estimator grpo` on top of one is the baseline).
+        from ..advantage.settings import CONFIG_NAMES, ESTIMATORS
+
+        preset = ESTIMATORS.get(getattr(self, "_flag_estimator", None) or "", {}).get("fixes", {})
+        fixes = {CONFIG_NAMES.get(k, k): v for k, v in preset.items()}
+        replaced = sorted(k for k in config if k in fixes and config[k] != fixes[k])
+        if replaced:
+            print(f"[gigpo] --estimator {self._flag_estimator} replaces the config file's "
+                  + ", ".join(f"{k}: {config[k]!r}" for k in replaced), file=sys.stderr, flush=True)
+        return super().set_defaults_with_config(**{k: v for k, v in config.items() if k not in fixes})
 
 
 # Help texts that say more than the dataclass field's own (what None means, the GiGPO reading of a GRPO field).
