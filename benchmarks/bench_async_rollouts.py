@@ -1,7 +1,9 @@
-"""Seconds per iteration with asynchronous rollouts (max_staleness=1) vs the synchronous loop (max_staleness=0).
+"""Seconds per iteration with asynchronous rollouts (max_staleness=1) vs the synchronous loop (max_staleness=0), with
+episodes in lockstep and stepped on their own (episode_stepping="independent").
 
-    python benchmarks/bench_async_rollouts.py                 # both scenarios, 4 timed iterations each
+    python benchmarks/bench_async_rollouts.py                 # both scenarios, both steppings, 4 timed iterations
     python benchmarks/bench_async_rollouts.py --iterations 2  # shorter (writes outputs/bench/results/)
+    python benchmarks/bench_async_rollouts.py --episode_stepping independent  # one stepping only (idem)
 
 What it measures: the overlap of the rollout producer with the trainer's optimisation, not vLLM. The server is the
 tests' recording fake of TRL's vLLM client (tests/fake_vllm.py; its answers depend on the prompt only) that takes
@@ -10,7 +12,9 @@ Qwen2 (hidden 128, 2 layers) on this machine's CPU, one thread. The fake's log-p
 model's, so the importance weights are ~0: the timing is measured, not learning. Two scenarios, 2 task groups x 2 episodes of 8 turns
 each (every episode lives all 8 turns): ``generate`` (each request takes the latency, environment steps are
 instant) and ``slow_env`` (a short latency, every environment step takes a random 0.2-1.0 s, 4 env worker
-processes). Each iteration's wall time is TRL's ``step_time``; the first iteration (the producer's start) is left out.
+processes). Each scenario runs max_staleness 0 and 1 with each ``--episode_stepping``; every ratio is against the
+synchronous lockstep loop (``ratio_sync_independent``: the synchronous loop with independent episodes). Each
+iteration's wall time is TRL's ``step_time``; the first iteration (the producer's start) is left out.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--generate_latency", type=float, default=0.25, help="seconds per request, 'generate'")
     parser.add_argument("--slow_env_latency", type=float, default=0.05, help="seconds per request, 'slow_env'")
     parser.add_argument("--scenarios", nargs="+", default=["generate", "slow_env"], choices=["generate", "slow_env"])
+    parser.add_argument("--episode_stepping", nargs="+", default=["lockstep", "independent"],
+                        choices=["lockstep", "independent"], help="the steppings to run (each with max_staleness 0, 1)")
     return parser
 
 
@@ -57,7 +63,7 @@ from results_io import is_default_run, write_result  # noqa: E402
 TURNS = 8
 
 
-def run(tokenizer, scenario: str, max_staleness: int, cli) -> list[float]:
+def run(tokenizer, scenario: str, max_staleness: int, stepping: str, cli) -> list[float]:
     """TRL's ``step_time`` of each timed iteration of one run."""
     latency = cli.generate_latency if scenario == "generate" else cli.slow_env_latency
 
@@ -75,7 +81,7 @@ def run(tokenizer, scenario: str, max_staleness: int, cli) -> list[float]:
     with tempfile.TemporaryDirectory() as out:
         args = GiGPOConfig(
             output_dir=out, use_vllm=True, vllm_mode="server", vllm_server_base_url="http://fake:8000",
-            max_staleness=max_staleness, num_generations=2, per_device_train_batch_size=4, steps_per_generation=1,
+            max_staleness=max_staleness, episode_stepping=stepping, num_generations=2, per_device_train_batch_size=4, steps_per_generation=1,
             max_steps=cli.iterations + 1, max_turns=TURNS, max_completion_length=24, history_length=2, bf16=False,
             gradient_checkpointing=False, learning_rate=1e-3, report_to="none", save_strategy="no", logging_steps=1,
             use_cpu=True, seed=0, disable_tqdm=True, num_env_workers=0 if scenario == "generate" else 4)
@@ -93,12 +99,19 @@ def main() -> None:
     tokenizer = build_tiny_tokenizer(CORPUS, vocab_size=300)
     figures = {}
     for scenario in cli.scenarios:
-        times = {k: run(tokenizer, scenario, k, cli) for k in (0, 1)}
-        mean = {k: sum(v) / len(v) for k, v in times.items()}
-        figures[scenario] = {"s_per_iteration_sync": round(mean[0], 3), "s_per_iteration_async": round(mean[1], 3),
-                             "ratio": round(mean[1] / mean[0], 3)}
-        print(f"{scenario}: max_staleness=0 {mean[0]:.2f} s/iteration, max_staleness=1 {mean[1]:.2f} s/iteration, "
-              f"ratio {mean[1] / mean[0]:.2f}  (per iteration: {times})")
+        times = {(k, stepping): run(tokenizer, scenario, k, stepping, cli) for stepping in cli.episode_stepping
+                 for k in (0, 1)}
+        mean = {key: sum(v) / len(v) for key, v in times.items()}
+        base = mean.get((0, "lockstep"))
+        figures[scenario] = {}
+        for (k, stepping), value in mean.items():
+            suffix = "" if stepping == "lockstep" else "_independent"
+            figures[scenario][f"s_per_iteration_{'async' if k else 'sync'}{suffix}"] = round(value, 3)
+            if base is not None and (k, stepping) != (0, "lockstep"):
+                figures[scenario][f"ratio{suffix}" if k else f"ratio_sync{suffix}"] = round(value / base, 3)
+            print(f"{scenario}: max_staleness={k}, {stepping}: {value:.2f} s/iteration"
+                  + ("" if base is None else f", {value / base:.2f}x the synchronous lockstep loop")
+                  + f"  (per iteration: {[round(t, 2) for t in times[(k, stepping)]]})")
     write_result("bench_async_rollouts", figures, recorded=is_default_run(build_parser(), cli))
 
 

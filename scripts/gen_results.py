@@ -248,10 +248,12 @@ INDEX = [
      + " with 2 workers", "[results](results/bench_envs.json)"),
     ("bench_iteration.py", "seconds per iteration of the tests' tiny setup", "python benchmarks/bench_iteration.py",
      lambda: f"{_fig('bench_iteration')['seconds_per_iteration']} s per iteration", "[results](results/bench_iteration.json)"),
-    ("bench_async_rollouts.py", "s/iteration with asynchronous rollouts (max_staleness=1) vs synchronous, against a "
-     "fake server with latency", "python benchmarks/bench_async_rollouts.py",
-     lambda: (f"{_fig('bench_async_rollouts')['generate']['ratio']:.2f}× (generation-bound), "
-              f"{_fig('bench_async_rollouts')['slow_env']['ratio']:.2f}× (0.2-1.0 s environment steps)"),
+    ("bench_async_rollouts.py", "s/iteration with asynchronous rollouts (max_staleness=1) vs synchronous, episodes in "
+     "lockstep / stepped on their own, against a fake server with latency", "python benchmarks/bench_async_rollouts.py",
+     lambda: (f"{_fig('bench_async_rollouts')['generate']['ratio']:.2f}× / "
+              f"{_fig('bench_async_rollouts')['generate']['ratio_independent']:.2f}× (generation-bound), "
+              f"{_fig('bench_async_rollouts')['slow_env']['ratio']:.2f}× / "
+              f"{_fig('bench_async_rollouts')['slow_env']['ratio_independent']:.2f}× (0.2-1.0 s environment steps)"),
      "[results](results/bench_async_rollouts.json)"),
     ("bench_records.py", "cost of the rollout records and the report on the main job",
      "python benchmarks/bench_records.py",
