@@ -215,8 +215,8 @@ class GiGPOConfig(GRPOConfig):
         Every turn is one generate call; the weights are synced to vLLM before a generate call when they changed
         (once per optimizer step, not per turn; also after the expert warm-up or a checkpoint load).
         `vllm_enable_sleep_mode=True` re-syncs them before every generate call (`max_turns` syncs per
-        iteration): the trainer warns at init. `vllm_mode="server"` without CUDA cannot sync weights (TRL's NCCL
-        transfer): the trainer warns at init, generation and `evaluate()` work, `train()` is refused.
+        iteration): the trainer warns at init. `vllm_mode="server"` without CUDA (where TRL's NCCL transfer is
+        refused) sends the weights as files the server reloads (`gigpo_trl.server_weights`, docs/scaling.md).
         `vllm_importance_sampling_correction` compares vLLM's sampling log-probs with the trainer's token by
         token on each turn's completion.
     """

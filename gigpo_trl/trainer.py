@@ -18,6 +18,7 @@ two are mixins because they override TRL / Trainer hooks:
 - :mod:`gigpo_trl.vllm_glue`: vLLM set-up and the importance-sampling correction, LoRA weights merged out of place;
 - :mod:`gigpo_trl.async_rollouts`: rollouts collected while the trainer optimises (``max_staleness > 0``);
 - :mod:`gigpo_trl.weight_sync`: the weights version that decides when vLLM receives the weights;
+- :mod:`gigpo_trl.server_weights`: server mode without CUDA, the weights through files the server reloads;
 - :mod:`gigpo_trl.positions`: positions from the attention mask (padding-invariant forwards);
 - :mod:`gigpo_trl.rollout_metrics`: each rollout's metrics, gathered over processes and recorded for TRL's log;
 - :mod:`gigpo_trl.memory`: the init warning when the token budget's activations would not fit in free memory;
@@ -67,8 +68,9 @@ from .records import RolloutRecorder
 from .rollout_metrics import record_rollout_metrics
 from .rollout import RolloutCollector, build_collector
 from .token_budget import TokenBudgetMixin
+from .server_weights import file_sync_refusal, server_weight_sync_guard
 from .vllm_glue import (check_vllm_args, colocate_prefix_caching, importance_ratio, install_cpu_colocate_sync,
-                        install_out_of_place_lora_sync, sampling_logps, sampling_metrics, server_weight_sync_guard,
+                        install_out_of_place_lora_sync, sampling_logps, sampling_metrics,
                         shutdown_engine_before_end_training, vllm_max_model_len)
 from .weight_sync import WeightsChangedCallback, WeightsVersion, sync_weights_if_changed
 
@@ -169,7 +171,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
                 callbacks=callbacks,
                 optimizers=optimizers,
             )
-        self._vllm_no_sync_message = server_sync.message
+        # server mode without CUDA: weights go through files (gigpo_trl.server_weights) unless refused
+        self._vllm_no_sync_message = server_sync.message or file_sync_refusal(self, server_sync)
         if self.use_vllm:
             install_cpu_colocate_sync(self.vllm_generation)  # colocate on vLLM's CPU backend
             install_out_of_place_lora_sync(self.vllm_generation)  # LoRA: never write the base weights
@@ -222,7 +225,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     def train(self, *args, **kwargs):
         """``Trainer.train``; the env pools (worker processes) are closed at the end, also when training raises.
         A later :meth:`evaluate` or ``train`` starts fresh ones. Refused up front (``RuntimeError``) in vLLM server
-        mode without CUDA, where the trained weights could never reach the server (see ``gigpo_trl.vllm_glue``)."""
+        mode without CUDA when the trained weights cannot reach the server (see ``gigpo_trl.server_weights``)."""
         if self._vllm_no_sync_message is not None:  # refuse before any rollout, not at the first weight sync
             raise RuntimeError(self._vllm_no_sync_message)
         try:
@@ -239,8 +242,8 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
     def mark_weights_changed(self) -> None:
         """Tell the trainer that its trainable weights were written outside its own optimizer steps (the expert
         warm-up, a loaded adapter or checkpoint): the next generate call, rollout or evaluation, pushes them to
-        vLLM first. Raises ``RuntimeError`` in vLLM server mode without CUDA, where they could never reach the
-        server (see ``gigpo_trl.vllm_glue``)."""
+        vLLM first. Raises ``RuntimeError`` in vLLM server mode without CUDA when they cannot reach the server
+        (see ``gigpo_trl.server_weights``)."""
         if self._vllm_no_sync_message is not None:
             raise RuntimeError(self._vllm_no_sync_message)
         self.weights_version.bump()

