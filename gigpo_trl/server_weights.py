@@ -96,7 +96,8 @@ class FileWeightTransfer:
     pushes completed.
 
     Raises:
-        ValueError: the tensors' names differ from ``metadata``'s.
+        ValueError: at construction, ``folder`` is not an existing folder (the message names the setting); at a
+            push, the tensors' names differ from ``metadata``'s.
         RuntimeError: the server did not load them (unreachable, no dev mode, or it cannot read the folder); the
             message names the server, the folder and what to check.
     """
@@ -104,6 +105,10 @@ class FileWeightTransfer:
     def __init__(self, client, folder: str | None = None, shard_bytes: int = SHARD_BYTES):
         self.client = client
         self.folder = folder or os.environ.get(WEIGHTS_DIR_ENV) or tempfile.gettempdir()
+        if not os.path.isdir(self.folder):
+            raise ValueError(f"{WEIGHTS_DIR_ENV}={self.folder!r} is not a folder: the trainer writes its weights for "
+                             "the vLLM server into a new folder under it; set it to an existing folder that the "
+                             "server can read, or unset it (the system's temporary folder)")
         self.shard_bytes = shard_bytes
         self.pushes = 0
 

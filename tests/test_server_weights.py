@@ -115,6 +115,14 @@ def test_an_unreachable_server_raises_naming_it_the_folder_and_the_fixes(tmp_pat
     assert os.listdir(tmp_path) == [] and transfer.pushes == 0
 
 
+def test_a_weights_folder_that_does_not_exist_is_refused_naming_the_setting(tmp_path, monkeypatch):
+    missing = str(tmp_path / "nowhere")
+    monkeypatch.setenv(server_weights.WEIGHTS_DIR_ENV, missing)
+    with pytest.raises(ValueError) as info:
+        server_weights.FileWeightTransfer(RecordingServer())
+    assert str(info.value).startswith(f"GIGPO_VLLM_WEIGHTS_DIR={missing!r} is not a folder: the trainer writes")
+
+
 def test_tensors_that_differ_from_their_metadata_are_refused(tmp_path):
     server = RecordingServer()
     transfer = server_weights.FileWeightTransfer(server, folder=str(tmp_path))

