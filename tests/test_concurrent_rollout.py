@@ -2,7 +2,8 @@
 vLLM server whose answer depends on the prompt only (``fake_vllm.GreedyVLLMClient``, as greedy decoding): the rollout
 equals the lockstep rollout row for row, whatever order the environments answer in; an environment fault ends only its
 trajectory; a fast episode's next requests go out while a slow environment steps; one lane's steps never overlap while
-different lanes' do; a silent or failing server raises instead of hanging."""
+different lanes' do; a silent or failing server raises instead of hanging; ``evaluate()`` steps them on their own,
+greedily, with the lockstep rows."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import functools
 import threading
 
 import pytest
-from conftest import tiny_run_config
+from conftest import capture_rollouts, tiny_run_config
 from fake_vllm import GreedyVLLMClient
 from test_rollout import chat_tokenizer, chat_turns
 from toy_env import JitteryWalkEnv, LineWalkEnv
@@ -215,3 +216,24 @@ def test_episode_stepping_is_checked(tmp_path):
         tiny_run_config(tmp_path, episode_stepping="independent")
     args = tiny_run_config(tmp_path, episode_stepping="independent", use_vllm=True, vllm_mode="server")
     assert args.episode_stepping == "independent"
+
+
+def test_evaluate_steps_episodes_on_their_own_greedily_with_the_lockstep_rows(tmp_path, tiny_model_dir,
+                                                                              tiny_tokenizer):
+    from test_async_rollouts import build
+
+    client = type("Client", (GreedyVLLMClient,), {"events": []})
+    trainer, _, _ = build(tmp_path, tiny_model_dir, tiny_tokenizer, client=client, episode_stepping="independent",
+                          eval_max_tasks=6, per_device_eval_batch_size=6, generation_kwargs={"temperature": 0.9})
+    batches = capture_rollouts(trainer, modes=("eval",))
+    independent = trainer.evaluate()
+    server = trainer.vllm_generation.vllm_client
+    sent = len(server.payloads)
+    trainer.collector.independent_episodes = False
+    lockstep = trainer.evaluate()
+    assert batches[0].rows == batches[1].rows and len(batches[0].rows) > 6
+    assert {k: v for k, v in independent.items() if "runtime" not in k and "per_second" not in k} == {
+        k: v for k, v in lockstep.items() if "runtime" not in k and "per_second" not in k}
+    # every request of the independent evaluation was greedy (the evaluation's sampling, read in request threads)
+    assert sent >= batches[0].num_generate_calls > 0
+    assert {p["temperature"] for p in server.payloads[:sent]} == {0.0}
