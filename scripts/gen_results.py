@@ -80,13 +80,16 @@ def vs_trl_row() -> str:
     sampled = RESULTS / "bench_vs_trl_sampled.json"
     shape = load("bench_vs_trl_sampled")["figures"].get("shapes", {}).get("1x8") if sampled.exists() else None
     if shape:  # the interleaved runs, a group's episodes differing: 1 task x 8 rollouts, ~1,700-token system prompt
-        cells = [shape[c] for c in sorted(shape, key=int) if "ratio" in shape[c]]
-        ratios = " / ".join(f"{v['ratio']:.2f}×" for v in cells)
+        calls = [c for c in sorted(shape, key=int) if "ratio" in shape[c]]
+        cells = [shape[c] for c in calls]
+        ratios = " / ".join(f"{v['ratio']:.2f}×" for v in cells) + f" (medians) at {' / '.join(calls)} tool calls"
+        missing = [c for c in ("3", "8", "16") if c not in calls]
+        ratios += f", {' and '.join(missing)} not measured yet" if missing else ""
         ours = " / ".join(f"{v['ours']['peak_gb']:.2f}" for v in cells)
         trl = " / ".join(f"{v['trl']['peak_gb']:.2f}" for v in cells)
         per = " / ".join(f"{v['ours']['forwarded_per_unique']:.2f}" for v in cells)
         per_trl = " / ".join(f"{v['trl']['forwarded_per_unique']:.2f}" for v in cells)
-        return (f"1 task × 8 rollouts, ~1,700-token system prompt: {ratios} (medians); peak memory {ours} GB, TRL's "
+        return (f"1 task × 8 rollouts, ~1,700-token system prompt: {ratios}; peak memory {ours} GB, TRL's "
                 f"{trl} GB; tokens forwarded per unique token {per}, TRL's {per_trl}")
     calls = load("bench_vs_trl")["figures"]["calls"]
     ratios = " / ".join(f"{v['ratio']:.2f}×" for v in calls.values())
@@ -110,7 +113,7 @@ HEADLINE = [
               "`benchmarks/learning.py --condition NAME`"),
     ("estimator speed vs the reference's algorithm", advantage_row, "`benchmarks/bench_advantage.py`"),
     ("rollout overhead vs the bare generate calls", rollout_row, "`benchmarks/bench_rollout.py`"),
-    ("time vs TRL's multi-turn GRPO, same episodes (3 / 8 / 16 tool calls)", vs_trl_row,
+    ("time vs TRL's multi-turn GRPO, same episodes, by tool calls per episode", vs_trl_row,
      "`benchmarks/bench_vs_trl.py`, `trl_findings.py`"),
     ("peak memory of the default model, 1,024-token budget", memory_row,
      "`benchmarks/bench_memory.py --default-model`"),
