@@ -187,7 +187,7 @@ def server_weight_sync_guard(args):
             state.transfer = client.update_named_params
             return
         state.available = False
-        state.message = SERVER_NO_SYNC_MESSAGE.format(device=args.device, reason=reason, server_model=client.model,
+        state.message = SERVER_NO_SYNC_MESSAGE.format(device=args.device.type, reason=reason, server_model=client.model,
                                                       fix=NO_DEV_MODE_FIX)
 
     with mock.patch.object(VLLMClient, "init_communicator", init_without_cuda):
@@ -214,7 +214,7 @@ def file_sync_refusal(trainer, state) -> str | None:
         return None
     client = getattr(trainer.vllm_generation, "vllm_client", None)  # main process only
     model = getattr(client, "model", "see the server")
-    message = SERVER_NO_SYNC_MESSAGE.format(device=trainer.args.device, reason=TIED_EMBEDDINGS,
+    message = SERVER_NO_SYNC_MESSAGE.format(device=trainer.args.device.type, reason=TIED_EMBEDDINGS,
                                             server_model=model, fix=TIED_EMBEDDINGS_FIX)
     logger.warning(message)
     return message
