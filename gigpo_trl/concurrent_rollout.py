@@ -104,8 +104,7 @@ def run_independently(collector: RolloutCollector, episodes: list[Episode], batc
                     jobs[token] = ("generate", turn, live, prompts)
                     if timeout is not None:
                         deadlines[token] = time.monotonic() + timeout
-                    request = Turn(turn, live, [m for m, _, _ in prompts], [ids for _, ids, _ in prompts], len(live),
-                                   prompts[0][1])
+                    request = Turn.of_prompts(turn, live, prompts, len(live), prompts[0][1])
                     threading.Thread(target=lambda t=token, r=request, p=collector.policy: events.put(
                         _outcome(t, lambda: p.act(r))), name="gigpo-generate", daemon=True).start()
             ready = []
@@ -139,9 +138,7 @@ def _submit_steps(collector, job: tuple, out: Completions, batch, lanes, jobs, t
     """A request answered: parse its completions (:meth:`RolloutCollector._parse_actions`) and queue one ``step`` call
     per pool lane with that lane's episodes of the request."""
     _, turn, live, prompts = job
-    batch.num_generate_calls += 1
-    batch.prefill_tokens += out.prefill_tokens
-    batch.prefill_tokens_saved += out.prefill_tokens_saved
+    batch.count_request(out)
     parsed, actions = collector._parse_actions(live, out)
     by_lane: dict[tuple[str, int], list[int]] = {}
     for n, ep in enumerate(live):

@@ -108,6 +108,13 @@ class RolloutBatch:
     prefill_tokens: int = 0
     prefill_tokens_saved: int = 0
 
+    def count_request(self, out) -> None:
+        """Count one answered generate request (``out``: its :class:`~gigpo_trl.policy.Completions`) and its
+        prefill tokens."""
+        self.num_generate_calls += 1
+        self.prefill_tokens += out.prefill_tokens
+        self.prefill_tokens_saved += out.prefill_tokens_saved
+
     def extend(self, other: RolloutBatch) -> None:
         """Append ``other``'s rows and trajectories (its generate calls and prefill tokens counted, its longest
         prompt kept)."""

@@ -46,6 +46,12 @@ class Turn:
     size: int
     filler: list[int] | None = None
 
+    @classmethod
+    def of_prompts(cls, index: int, episodes: list[Episode], prompts: list[tuple], size: int,
+                   filler: list[int] | None) -> Turn:
+        """The turn of ``episodes`` from the collector's ``(messages, prompt ids, error)`` tuples, one per episode."""
+        return cls(index, episodes, [m for m, _, _ in prompts], [ids for _, ids, _ in prompts], size, filler)
+
 
 @dataclass
 class Completions:

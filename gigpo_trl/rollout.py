@@ -323,11 +323,8 @@ class RolloutCollector:
             size = self.policy.turn_size(len(live))  # every process's largest count, when the policy needs one
             if size == 0:
                 break
-            out = self.policy.act(Turn(turn, live, [m for m, _, _ in prompts], [ids for _, ids, _ in prompts], size,
-                                       filler))
-            batch.num_generate_calls += 1
-            batch.prefill_tokens, batch.prefill_tokens_saved = (batch.prefill_tokens + out.prefill_tokens,
-                                                                batch.prefill_tokens_saved + out.prefill_tokens_saved)
+            out = self.policy.act(Turn.of_prompts(turn, live, prompts, size, filler))
+            batch.count_request(out)
             parsed, actions = self._parse_actions(live, out)
             self._step_envs(live, prompts, out, parsed, actions, turn, batch)
             if bar is not None:
