@@ -45,6 +45,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
 
 TURNS = 8
 SCENARIOS = ("generate", "slow_env")
@@ -86,12 +87,9 @@ if __name__ == "__main__":
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import urllib.request  # noqa: E402
 
 SERVER_LOG = REPO / "outputs" / "bench" / "async_vllm" / "server.log"
 
@@ -104,39 +102,16 @@ def load() -> float:
 def started_server(model_path: str, core: int, timeout: float):
     """scripts/vllm_serve_cpu.py on 127.0.0.1 (a free port), pinned to ``core``; yields (URL, seconds to start);
     stopped on exit."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
+    from vllm_serve_cpu import served
+
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "PYTHONUNBUFFERED": "1"}
-    SERVER_LOG.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(SERVER_LOG, "w") as log:
-        proc = subprocess.Popen(["taskset", "-c", str(core), sys.executable,
-                                 str(REPO / "scripts" / "vllm_serve_cpu.py"), "--model", model_path, "--host",
-                                 "127.0.0.1", "--port", str(port), "--max_model_len", "2048", "--dtype", "float32"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.perf_counter() - t0 > timeout:
-                    raise RuntimeError(f"the vLLM server did not start within {timeout:.0f} s (exit code "
-                                       f"{proc.poll()}); its log, {SERVER_LOG}, ends with:\n"
-                                       f"{SERVER_LOG.read_text()[-2000:]}") from None
-                time.sleep(3)
+    with served(model_path, SERVER_LOG, ["--max_model_len", "2048", "--dtype", "float32"], env,
+                ["taskset", "-c", str(core)], timeout) as url:
         startup = time.perf_counter() - t0
         print(f"server up at {url} in {startup:.0f} s (pinned to core {core}; log {SERVER_LOG})", flush=True)
         yield url, startup
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def run(url: str, model_path: str, tokenizer, scenario: str, max_staleness: int, stepping: str, cli) -> dict:

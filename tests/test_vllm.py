@@ -17,11 +17,7 @@ import importlib.util
 import logging
 import math
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -316,39 +312,15 @@ def test_colocate_greedy_evaluation_is_repeatable(colocate_run):
     assert trainer.vllm_generation.temperature == trainer.args.temperature  # restored after evaluate()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(vllm_model_dir, tmp_path_factory):
     """scripts/vllm_serve_cpu.py (trl vllm-serve's command) on 127.0.0.1, stopped at teardown."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "vllm_serve_cpu.py"), "--model",
-                                 vllm_model_dir, "--host", "127.0.0.1", "--port", str(port), "--max_model_len",
-                                 "1024", "--enforce_eager", "true"], stdout=f, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.time() + 400
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"vLLM server did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(3)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    from vllm_serve_cpu import served
+
+    with served(vllm_model_dir, tmp_path_factory.mktemp("server") / "server.log",
+                ["--max_model_len", "1024", "--enforce_eager", "true"],
+                {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}) as url:
+        yield url
 
 
 @pytest.mark.vllm
