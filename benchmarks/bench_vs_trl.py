@@ -16,8 +16,9 @@ loss ``dapo``, each trainer's default token budget unless ``--budget``.
 
 Shapes (``--shape``): ``2x2`` (2 tasks × 2 rollouts per iteration, a short system prompt) and ``1x8`` (1 task × 8
 rollouts, a ~1,700-token system prompt, ~1,500 of it tool documentation: Ticker plus documented lookup tools that are
-never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared``: one warm-up iteration, then
-``--iterations`` timed ones); without ``--arm`` the script runs ``--rounds`` rounds, each running every arm once in
+never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared``: ``--warmups`` untimed
+iterations, 1 by default, then ``--iterations`` timed ones; ``--warmups 0`` for both arms where one iteration takes
+many minutes, so the one-time costs fall inside the timed iteration, which counts against the faster arm most); without ``--arm`` the script runs ``--rounds`` rounds, each running every arm once in
 turn (arms interleaved, so a change of machine load hits all arms), and prints per arm the median and min-max of
 the timed iterations' seconds, peak RSS (the most of its processes), and per iteration: loss tokens (TRL:
 completion tokens minus tool-result tokens; ours: the rows' completion tokens), forward tokens of the loss
@@ -218,8 +219,8 @@ def run_arm(cli) -> dict:
     model, tokenizer = load()
     lora_config = lora()
     tasks, _ = SHAPES[cli.shape]
-    dataset_ = dataset(tasks * (cli.iterations + 1))
-    common = common_args(cli.iterations + 1, cli.shape)
+    dataset_ = dataset(tasks * (cli.iterations + cli.warmups))
+    common = common_args(cli.iterations + cli.warmups, cli.shape)
     out = tempfile.mkdtemp()
     player = scripted_player(tokenizer, cli.calls, cli.think, vary=True)
     counts = {"loss_tokens": 0, "forward_tokens": 0, "scoring_tokens": 0, "forward_tokens_padded": 0,
@@ -311,9 +312,9 @@ def run_arm(cli) -> dict:
     trainer.add_callback(Clock())
     trainer.train()
     rewards = [e.get("reward", e.get("episode/return_mean")) for e in trainer.state.log_history if "loss" in e]
-    timed = per_iteration[1:] or per_iteration
-    return {"arm": cli.arm, "calls": cli.calls, "shape": cli.shape, "timed": timed, "peak_rss_gb": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "rewards": rewards}
+    timed = per_iteration[cli.warmups:]
+    return {"arm": cli.arm, "calls": cli.calls, "shape": cli.shape, "warmups": cli.warmups, "timed": timed,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "rewards": rewards}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tasks x rollouts per iteration; 1x8 adds ~1,500 tokens of tool documentation")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every arm once, in turn")
-    parser.add_argument("--iterations", type=int, default=1, help="timed iterations per process (after one warm-up)")
+    parser.add_argument("--iterations", type=int, default=1, help="timed iterations per process (after the warm-ups)")
+    parser.add_argument("--warmups", type=int, default=1, help="untimed iterations per process before the timed ones")
     parser.add_argument("--think", type=int, default=12, help="mean words in each scripted <think>")
     parser.add_argument("--completion", type=int, default=96, help="our max_completion_length (per turn)")
     parser.add_argument("--trl_max_completion", type=int, default=4096, help="TRL's (covers the whole episode)")
@@ -347,6 +349,7 @@ def summary(results: list[dict]) -> dict:
     last = timed[-1]
     out = {"s_median": round(statistics.median(seconds), 1), "s_min": round(min(seconds), 1),
            "s_max": round(max(seconds), 1), "timed_iterations": len(seconds),
+           "warmups_per_process": results[0].get("warmups", 1),
            "peak_gb": round(max(r["peak_rss_gb"] for r in results), 2)}
     for key in ("loss_tokens", "forward_tokens", "scoring_tokens", "forward_tokens_padded", "unique_tokens",
                 "prefill_tokens", "prefill_tokens_saved"):
@@ -362,12 +365,13 @@ def main() -> None:
         return
     arms = cli.arms.split(",")
     print(f"shape {cli.shape}, calls {cli.calls}, {cli.rounds} rounds x {cli.iterations} timed iteration(s) "
-          f"(+1 warm-up each), load {os.getloadavg()}", flush=True)
+          f"(+{cli.warmups} warm-up each), load {os.getloadavg()}", flush=True)
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for round_ in range(cli.rounds):
         for arm in arms:
             cmd = [sys.executable, __file__, "--arm", arm, "--shape", cli.shape, "--calls", str(cli.calls),
-                   "--iterations", str(cli.iterations), "--think", str(cli.think), "--completion", str(cli.completion),
+                   "--iterations", str(cli.iterations), "--warmups", str(cli.warmups), "--think", str(cli.think),
+                   "--completion", str(cli.completion),
                    "--trl_max_completion", str(cli.trl_max_completion)] + (
                        [] if cli.budget is None else ["--budget", str(cli.budget)])
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
