@@ -395,3 +395,85 @@ def test_step_group_sizes_observer_keeps_training_rollouts_and_the_deepest_hgpo_
     groups.on_advantages(None, hgpo, RolloutContext(mode="train", iteration=3))
     assert [list(s) for s in groups.iterations] == [[2, 2, 1], [3, 3, 3]]
     assert [list(s) for s in groups.deepest] == [[2, 2, 1]]
+
+
+def test_a_max_staleness_run_never_reports_to_the_map_cell():
+    a = settings.parse_args(["--condition", "h12", "--max_staleness", "4"])
+    assert a.max_staleness == 4 and "max_staleness" in settings.RUN_KEYS
+    assert settings.default_results_dir(a, settings.MAP_SEEDS) == a.output_dir
+    assert settings.run_settings_filled({})["max_staleness"] is None  # the map's runs: the trainer generated itself
+
+
+def _standin(tiny_tokenizer, seed=0):
+    from tiny_models import build_tiny_model
+
+    from learning import server_standin
+
+    model = build_tiny_model(tiny_tokenizer, hidden_size=32, seed=seed)
+    with server_standin.serving(model) as server:
+        client = server(base_url="http://in-process")
+    return model, server, client
+
+
+def test_standin_log_probs_are_the_policy_forwards_at_the_request_temperature(tiny_tokenizer):
+    import torch
+
+    model, server, client = _standin(tiny_tokenizer)
+    prompts = [tiny_tokenizer.encode("go left then right"), tiny_tokenizer.encode("right")]  # unequal: left padding
+    torch.manual_seed(0)
+    out = client.generate(prompts, n=2, temperature=0.7, max_tokens=6)
+    assert out["prompt_ids"] == prompts and len(out["completion_ids"]) == 4
+    for i, (ids, logps) in enumerate(zip(out["completion_ids"], out["logprobs"])):
+        prompt = prompts[i // 2]  # prompt-major, n completions each
+        assert 1 <= len(ids) <= 6 and tiny_tokenizer.eos_token_id not in ids[:-1]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / 0.7
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor([lp[0] for lp in logps]), expected, atol=1e-4)
+
+
+def test_standin_samples_the_whole_distribution_and_refuses_truncation(tiny_tokenizer):
+    import pytest
+    import torch
+
+    _, _, client = _standin(tiny_tokenizer)
+    torch.manual_seed(0)
+    first = client.generate([[5, 6, 7]], n=400, temperature=50.0, max_tokens=1)["completion_ids"]
+    # ~uniform over ~300 tokens: 400 draws hit far more than transformers' default top_k of 50 distinct tokens
+    assert len({ids[0] for ids in first}) > 120
+    with pytest.raises(ValueError, match="top_p=0.9"):
+        client.generate([[5, 6, 7]], temperature=1.0, top_p=0.9, max_tokens=1)
+    with pytest.raises(ValueError, match="seed=3"):
+        client.generate([[5, 6, 7]], max_tokens=1, generation_kwargs={"seed": 3})
+
+
+def _served_by(client, model, prompt) -> bool:
+    """Whether ``client``'s log-probs of a completion it samples are ``model``'s (at temperature 1)."""
+    import torch
+
+    out = client.generate([prompt], temperature=1.0, max_tokens=4)
+    ids, logps = out["completion_ids"][0], [lp[0] for lp in out["logprobs"][0]]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    return torch.allclose(torch.tensor(logps), expected, atol=1e-4)
+
+
+def test_standin_serves_the_pushed_weights_only(tiny_tokenizer):
+    import copy
+
+    import torch
+
+    from tiny_models import build_tiny_model
+
+    model, server, client = _standin(tiny_tokenizer, seed=0)
+    original = copy.deepcopy(model)
+    other = build_tiny_model(tiny_tokenizer, hidden_size=32, seed=1)
+    prompt = tiny_tokenizer.encode("go left then right")
+    assert _served_by(client, original, prompt) and not _served_by(client, other, prompt)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # the trainer's weights move; the server's do not until a push
+    assert _served_by(client, original, prompt)
+    named = list(other.named_parameters())
+    client.update_named_params([(n, p.dtype, p.shape) for n, p in named], iter(named))
+    assert _served_by(client, other, prompt) and not _served_by(client, original, prompt) and server.pushes == 1

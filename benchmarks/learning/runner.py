@@ -3,6 +3,7 @@ evaluations, the worker pool over seeds and arms, ``runs.jsonl`` and the merge o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ from gigpo_trl.observers import RolloutObserver
 
 from .map import map_report
 from .report import write_report
+from .server_standin import serving
 from .settings import ARMS, RESULTS, RUN_KEYS, default_results_dir, parse_args, run_settings_filled
 from .statistics import auc, eval_schedule, iters_to, row_size_hist
 from .testbeds import (_ids, completion_text, env_factory_for, instruction_for, make_tokenizer, random_prompt_messages,
@@ -109,6 +111,9 @@ def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
         disable_tqdm=True, logging_steps=1, eval_max_tasks=a.eval_tasks, eval_temperature=0.0,
         per_device_eval_batch_size=a.eval_tasks, require_think=a.think,
     )
+    if a.max_staleness is not None:  # generation through the server stand-in (learning/server_standin.py)
+        shared |= dict(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://in-process",
+                       max_staleness=a.max_staleness)
     if a.anchor_similarity_threshold is not None and arm_fields.get("step_return") != "graph":
         shared["anchor_similarity_threshold"] = a.anchor_similarity_threshold
     return GiGPOConfig(**{**shared, **arm_fields})
@@ -116,7 +121,11 @@ def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
 
 LOG_KEYS = ["episode/success_rate", "episode/length_mean", "episode/invalid_action_rate", "rollout/rows",
             "completions/mean_length", "anchor/singleton_fraction", "anchor/row_group_size_mean",
-            "anchor/group_size_mean", "rollout/seconds", "graph/states_reaching_success", "graph/rows_reaching_success"]
+            "anchor/group_size_mean", "rollout/seconds", "graph/states_reaching_success", "graph/rows_reaching_success",
+            # --max_staleness runs (server stand-in): the rollouts' age and the importance weights that correct it
+            "async/staleness_mean", "async/staleness_max", "async/groups_dropped",
+            "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/max",
+            "sampling/importance_sampling_ratio/truncated_fraction", "sampling/sampling_logp_difference/max"]
 
 
 def iteration_series(log_history) -> dict:
@@ -134,8 +143,9 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     schedule = eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
     cb = PeriodicEval(schedule, schedule[-3:], a.spg, a.sampled_eval_temperature)  # greedy: headline points
     args = make_config(a, str(Path(a.output_dir) / f"seed{seed}" / arm), ARMS[arm], seed)
-    trainer = GiGPOTrainer(model, env=env_factory, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                           processing_class=tok, callbacks=[cb.callback])
+    with serving(model) if a.max_staleness is not None else contextlib.nullcontext():
+        trainer = GiGPOTrainer(model, env=env_factory, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                               processing_class=tok, callbacks=[cb.callback])
     groups = StepGroupSizes()
     trainer.add_rollout_observer(groups)
     cb.trainer = trainer

@@ -100,13 +100,13 @@ WARMUP_KEYS = ("testbed", "env", "length", "directions", "nuisance", "trap_door"
 # The settings a (seed, arm) run's result depends on: runs merged by --report_only must agree on them.
 RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "groups", "num_generations", "spg", "lr",
                           "gamma", "eval_tasks", "advantage_mode", "max_completion_length", "sampled_eval_temperature",
-                          "condition", "anchor_drops_nuisance", "anchor_similarity_threshold")
+                          "condition", "anchor_drops_nuisance", "anchor_similarity_threshold", "max_staleness")
 
 
 # Settings the map added to RUN_KEYS, at the values that reproduce the runs made before them: a run
 # whose run_settings lack them was made with these, so it merges with a new run of the same protocol.
 MAP_KEY_DEFAULTS = {"nuisance": None, "trap_door": False, "condition": None, "anchor_drops_nuisance": False,
-                    "anchor_similarity_threshold": None}
+                    "anchor_similarity_threshold": None, "max_staleness": None}
 
 
 def run_settings_filled(settings: dict | None) -> dict | None:
@@ -131,6 +131,11 @@ def parse_args(argv=None):
                    help="corridor: one dead end per task is a trap door that ends the episode with reward 0")
     p.add_argument("--anchor_similarity_threshold", type=float, default=None,
                    help="GiGPOConfig.anchor_similarity_threshold for every arm but GraphGPO (exact states only)")
+    p.add_argument("--max_staleness", type=int, default=None,
+                   help="generate through a vLLM server stand-in (a transformers copy of the policy in the worker, "
+                        "learning/server_standin.py) with GiGPOConfig.max_staleness=K: 0 is the synchronous loop, "
+                        "K >= spg collects the next rollout while the trainer optimises; results never go to "
+                        "benchmarks/results/map (default: the trainer generates itself, as the map's runs)")
     p.add_argument("--warmup_dir", default=None,
                    help="where the warm-up weights are saved and (--reuse_warmup) found (default --output_dir), so "
                         "cells with the same warm-up settings share them")
@@ -262,7 +267,7 @@ def default_results_dir(a, seeds) -> str:
     if a.results_dir is not None:
         return a.results_dir
     if a.condition is not None:
-        cell = (not a.quick and sorted(seeds) == sorted(MAP_SEEDS)
+        cell = (a.max_staleness is None and not a.quick and sorted(seeds) == sorted(MAP_SEEDS)
                 and a.iterations == CONDITIONS[a.condition]["iterations"] and a.eval_tasks == MAP_EVAL_TASKS)
         root = str(RESULTS / "map" / a.condition)
         return root if cell else a.output_dir
