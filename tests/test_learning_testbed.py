@@ -477,3 +477,48 @@ def test_standin_serves_the_pushed_weights_only(tiny_tokenizer):
     named = list(other.named_parameters())
     client.update_named_params([(n, p.dtype, p.shape) for n, p in named], iter(named))
     assert _served_by(client, other, prompt) and not _served_by(client, original, prompt) and server.pushes == 1
+
+
+def _staleness_runs(tmp_path, k, values, series=None):
+    """A runs.jsonl of max_staleness ``k``: ``values`` {(seed, arm): headline_sampled}."""
+    import json
+
+    path = tmp_path / f"runs{k}.jsonl"
+    settings_ = {key: None for key in settings.RUN_KEYS} | {"max_staleness": k}
+    lines = [json.dumps({"seed": s, "arm": arm, "run_settings": settings_, "headline_sampled": v,
+                         "headline_greedy": v / 2, "auc_sampled": v, "cpu_seconds": 10.0,
+                         "series": {"episode/success_rate": [0.1], **(series or {})}})
+             for (s, arm), v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_staleness_report_pairs_each_seed_and_arm_with_the_synchronous_run(tmp_path):
+    import json
+
+    import pytest
+
+    from learning import staleness
+
+    sync = _staleness_runs(tmp_path, 0, {(1, "GiGPO"): 0.50, (1, "GRPO"): 0.40, (2, "GiGPO"): 0.60, (2, "GRPO"): 0.55})
+    stale = _staleness_runs(tmp_path, 4, {(1, "GiGPO"): 0.45, (1, "GRPO"): 0.40, (2, "GiGPO"): 0.62, (2, "GRPO"): 0.50},
+                            {"async/staleness_mean": [0.0, 4.0], "async/staleness_max": [0.0, 4.0],
+                             "sampling/importance_sampling_ratio/mean": [1.0, 0.98],
+                             "sampling/importance_sampling_ratio/max": [1.0, 1.3],
+                             "sampling/importance_sampling_ratio/truncated_fraction": [0.0, 0.1]})
+    out = tmp_path / "async_learning.json"
+    assert staleness.staleness_report([sync, stale], out) == 0
+    f = json.loads(out.read_text())["figures"]
+    moved = f["staleness_vs_sync"]["GiGPO/4-0/T=1"]
+    assert moved["per_seed_pp"] == pytest.approx({"1": -5.0, "2": 2.0}) and moved["gap_pp"] == pytest.approx(-1.5)
+    assert f["staleness_vs_sync"]["GRPO/4-0/T=1"]["gap_pp"] == pytest.approx(-2.5)
+    # GiGPO - GRPO: +10, +5 synchronous; +5, +12 at staleness 4 -> moved -5, +7
+    assert f["gap_to_grpo_moved"]["GiGPO-GRPO/4-0/T=1"]["per_seed_pp"] == pytest.approx({"1": -5.0, "2": 7.0})
+    assert f["per_staleness"]["4"]["gap_to_grpo"]["GiGPO-GRPO/T=1"]["gap_pp"] == pytest.approx(8.5)
+    four = f["per_staleness"]["4"]
+    assert (four["staleness_mean"], four["staleness_max"], four["is_ratio_max"]) == pytest.approx((2.0, 4.0, 1.3))
+    assert four["is_truncated_fraction"] == pytest.approx(0.05) and f["per_staleness"]["0"]["staleness_mean"] is None
+    with pytest.raises(ValueError, match="need the runs of max_staleness 0"):
+        staleness.staleness_report([stale], out)
+    with pytest.raises(ValueError, match="a second file of max_staleness 0"):
+        staleness.staleness_report([sync, sync], out)

@@ -219,6 +219,10 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.map_report:
         return map_report(a.map_dir or RESULTS / "map")
+    if a.staleness_report:
+        from .staleness import staleness_report  # it reads runs with this module's load_runs
+
+        return staleness_report(a.staleness_report, a.staleness_json)
     if a.report_only:
         return report_only(a)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)

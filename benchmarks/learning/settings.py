@@ -122,6 +122,11 @@ def parse_args(argv=None):
                         "tasks; results to benchmarks/results/map/CONDITION/ for a complete cell")
     p.add_argument("--map_report", action="store_true",
                    help="no training: the map's table and figure from every --map_dir/*/learning.json")
+    p.add_argument("--staleness_report", nargs="+", default=None, metavar="RUNS_JSONL",
+                   help="no training: learning at each --max_staleness against 0 (learning/staleness.py) from the "
+                        "runs.jsonl of --max_staleness runs, one value per file")
+    p.add_argument("--staleness_json", default=None,
+                   help="--staleness_report: where its json goes (default benchmarks/results/async_learning.json)")
     p.add_argument("--map_dir", default=None, help="--map_report: folder of the cells (default benchmarks/results/map)")
     p.add_argument("--nuisance", choices=["turn", "clock"], default=None,
                    help="corridor: a second observation line that never helps (CorridorEnv's nuisance)")
