@@ -266,6 +266,12 @@ INDEX = [
               f"{_fig('bench_async_vllm')['slow_env']['async_independent']['ratio']:.2f}× (0.2-1.0 s environment "
               f"steps, lockstep / on their own), on the loaded 2-core machine (targets ≤ 0.65×, ≤ 0.5×)"),
      "[results](results/bench_async_vllm.json)"),
+    ("learning.py --max_staleness", "learning with rollouts one iteration ahead vs the synchronous loop, the map's "
+     "h12 cell, 4 seeds (generation through an in-process server stand-in)",
+     "python benchmarks/learning.py --staleness_report S0/runs.jsonl S4/runs.jsonl",
+     lambda: (lambda f: (f"staleness 4 − 0: GRPO {gap(f['staleness_vs_sync']['GRPO/4-0/T=1'], ' pp')}, GiGPO "
+                         f"{gap(f['staleness_vs_sync']['GiGPO/4-0/T=1'], ' pp')}"))(_fig("async_learning")),
+     "[async learning](experiments/async_learning.md)"),
     ("bench_records.py", "cost of the rollout records and the report on the main job",
      "python benchmarks/bench_records.py",
      lambda: (f"records {_fig('bench_records')['records_share_of_iteration_pct']:.3f} % of an iteration, report "
