@@ -13,6 +13,9 @@
     python benchmarks/learning.py --testbed frozenlake4   # the former FrozenLake 4x4 run (smoke option)
     python benchmarks/learning.py --condition clock --iterations 20   # one cell of the map (CONDITIONS, MAP_SEEDS)
     python benchmarks/learning.py --map_report            # the map's table and figure from its cells' results
+    python benchmarks/learning.py --condition h12 --seeds 600 601 602 603 --arms GiGPO GRPO --max_staleness 4 \
+        --output_dir outputs/bench/async_learning/staleness4   # generation through the server stand-in, one rollout ahead
+    python benchmarks/learning.py --staleness_report S0/runs.jsonl S4/runs.jsonl   # staleness K against 0, paired
 
 Testbed ``corridor`` (default): ``gigpo_trl.envs.corridor.CorridorEnv`` with 12 rooms, each with a passage and
 a dead end (left/right in random order), ``max_turns`` 30; the shortest episode is 12 turns, reward 1 only for
