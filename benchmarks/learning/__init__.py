@@ -1,4 +1,4 @@
-"""GiGPO vs GRPO (vs HGPO, GraphGPO, G2PO) at equal budget, on a testbed where step-level credit matters, on a CPU.
+r"""GiGPO vs GRPO (vs HGPO, GraphGPO, G2PO) at equal budget, on a testbed where step-level credit matters, on a CPU.
 
     python benchmarks/learning.py                         # headline: corridor, the 10 HEADLINE_SEEDS, all five arms
     python benchmarks/learning.py --quick                 # <= 3-minute smoke version (1 seed, 3 iterations)
