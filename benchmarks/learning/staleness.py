@@ -22,7 +22,7 @@ from results_io import provenance
 
 from .runner import load_runs
 from .settings import RESULTS, run_settings_filled
-from .statistics import METRICS, PRIMARY_METRIC, gap_stats, t_interval
+from .statistics import METRICS, PRIMARY_METRIC, gap_stats, paired_gap
 
 SERIES = {"staleness_mean": "async/staleness_mean", "staleness_max": "async/staleness_max",
           "is_ratio_mean": "sampling/importance_sampling_ratio/mean", "is_ratio_max": "sampling/importance_sampling_ratio/max",
@@ -84,19 +84,15 @@ def staleness_figures(by_k: dict[int, dict]) -> dict:
             continue
         for arm in arms:
             for m, (label, _) in METRICS.items():
-                per_seed = [100 * (results[(s, arm)][m] - base[(s, arm)][m]) for s in seeds]
-                mean, lo, hi = t_interval(per_seed)
-                figures["staleness_vs_sync"][f"{arm}/{k}-0/{label}"] = {
-                    "per_seed_pp": dict(zip(map(str, seeds), per_seed)), "gap_pp": mean, "ci95_pp": [lo, hi]}
+                figures["staleness_vs_sync"][f"{arm}/{k}-0/{label}"] = paired_gap(
+                    seeds, [100 * (results[(s, arm)][m] - base[(s, arm)][m]) for s in seeds])
         for arm in arms:
             if arm == "GRPO" or "GRPO" not in arms:
                 continue
             for m, (label, _) in METRICS.items():
-                per_seed = [100 * ((results[(s, arm)][m] - results[(s, "GRPO")][m])
-                                   - (base[(s, arm)][m] - base[(s, "GRPO")][m])) for s in seeds]
-                mean, lo, hi = t_interval(per_seed)
-                figures["gap_to_grpo_moved"][f"{arm}-GRPO/{k}-0/{label}"] = {
-                    "per_seed_pp": dict(zip(map(str, seeds), per_seed)), "gap_pp": mean, "ci95_pp": [lo, hi]}
+                figures["gap_to_grpo_moved"][f"{arm}-GRPO/{k}-0/{label}"] = paired_gap(
+                    seeds, [100 * ((results[(s, arm)][m] - results[(s, "GRPO")][m])
+                                   - (base[(s, arm)][m] - base[(s, "GRPO")][m])) for s in seeds])
     return figures
 
 

@@ -36,10 +36,14 @@ METRICS = {  # key in a run's result -> (label in the gap names, description)
 }
 
 
+def paired_gap(seeds, gaps_pp) -> dict:
+    """A paired gap's entry: the per-seed gaps (pp, keyed by seed), their mean and its 95 % t interval."""
+    m, lo, hi = t_interval(gaps_pp)
+    return {"per_seed_pp": dict(zip(map(str, seeds), gaps_pp)), "gap_pp": m, "ci95_pp": [lo, hi]}
+
+
 def gap_stats(results, seeds, a_arm, b_arm, key):
-    gaps = [100 * (results[(s, a_arm)][key] - results[(s, b_arm)][key]) for s in seeds]
-    m, lo, hi = t_interval(gaps)
-    return {"per_seed_pp": dict(zip(map(str, seeds), gaps)), "gap_pp": m, "ci95_pp": [lo, hi]}
+    return paired_gap(seeds, [100 * (results[(s, a_arm)][key] - results[(s, b_arm)][key]) for s in seeds])
 
 
 def auc(points) -> float:
