@@ -20,7 +20,9 @@ never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared`
 iterations, 1 by default, then ``--iterations`` timed ones; ``--warmups 0`` for both arms where one iteration takes
 many minutes, so the one-time costs fall inside the timed iteration, which counts against the faster arm most); without ``--arm`` the script runs ``--rounds`` rounds, each running every arm once in
 turn (arms interleaved, so a change of machine load hits all arms), and prints per arm the median and min-max of
-the timed iterations' seconds, peak RSS (the most of its processes), and per iteration: loss tokens (TRL:
+the timed iterations' seconds, peak RSS (the most of its processes; glibc keeps freed heap memory, so RSS runs
+above the live tensors, and more for the arm whose tensors are smaller: ``--mmap_threshold`` measures without
+that), and per iteration: loss tokens (TRL:
 completion tokens minus tool-result tokens; ours: the rows' completion tokens), forward tokens of the loss
 (the real tokens every gradient-enabled forward computes: its attention mask over the columns of its ids, padding
 excluded; each shared prefix and each chain unit counted where it is computed) and of the no-grad scoring forwards,
@@ -332,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ours: max_tokens_per_microbatch (default: GiGPOConfig's)")
     parser.add_argument("--arm", choices=["trl", "ours", "ours-unshared"])
     parser.add_argument("--arms", default="trl,ours-unshared,ours")
+    parser.add_argument("--mmap_threshold", type=int, default=None,
+                        help="run every arm's process with glibc's MALLOC_MMAP_THRESHOLD_ set to this many bytes, so "
+                             "freed tensors go back to the system and peak RSS follows the live tensors; figures "
+                             "recorded under the shape's '_mmap_N' label (time them without it: mmap is slower)")
     parser.add_argument("--note", default="", help="a note stored with the figures (e.g. the machine's load)")
     parser.add_argument("--record", action="store_true",
                         help="merge the figures into benchmarks/results/bench_vs_trl_sampled.json (the recorded figures) "
@@ -374,7 +380,11 @@ def main() -> None:
                    "--completion", str(cli.completion),
                    "--trl_max_completion", str(cli.trl_max_completion)] + (
                        [] if cli.budget is None else ["--budget", str(cli.budget)])
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+            env = dict(os.environ)
+            if cli.mmap_threshold is not None:  # fixed threshold: also turns off glibc's dynamic raising of it
+                env["MALLOC_MMAP_THRESHOLD_"] = str(cli.mmap_threshold)
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+                                  env=env)
             found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode != 0 or not found:
                 print(f"{arm:>14} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
@@ -395,7 +405,8 @@ def main() -> None:
         figures["ratio"] = round(figures["ours"]["s_median"] / figures["trl"]["s_median"], 2)
         print(f"ours / trl (medians): {figures['ratio']}")
     if figures:
-        label = cli.shape + ("" if cli.budget is None else f"_budget_{cli.budget}")
+        label = cli.shape + ("" if cli.budget is None else f"_budget_{cli.budget}") + (
+            "" if cli.mmap_threshold is None else f"_mmap_{cli.mmap_threshold}")
         figures["note"] = cli.note
         write_result("bench_vs_trl_sampled", {"shapes": {label: {str(cli.calls): figures}}}, recorded=cli.record,
                      merge=True)

@@ -1,0 +1,87 @@
+"""Returning freed heap pages after each decoder layer on a CPU (gigpo_trl/host_memory.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gigpo_trl import host_memory
+from gigpo_trl.host_memory import decoder_layers, trim_after_decoder_layers
+
+pytestmark = pytest.mark.skipif(not host_memory.release_freed_host_memory(), reason="no malloc_trim (not glibc)")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host_memory, "release_freed_host_memory", lambda: calls.append(1) or True)
+    return calls
+
+
+def _model(tokenizer, checkpointing=False):
+    from tiny_models import build_tiny_model
+
+    model = build_tiny_model(tokenizer, num_layers=3)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def test_decoder_layers_found_through_peft(tiny_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    model = _model(tiny_tokenizer)
+    assert decoder_layers(model) == list(model.model.layers) and len(decoder_layers(model)) == 3
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert decoder_layers(wrapped) == list(model.model.layers)
+    assert decoder_layers(torch.nn.Linear(2, 2)) == []
+
+
+def test_trims_once_per_layer_in_training_forwards_only(tiny_tokenizer, counted):
+    model = _model(tiny_tokenizer)
+    handles = trim_after_decoder_layers(model)
+    assert len(handles) == 4  # before each of the 3 layers, after the last
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model.train()
+    model(input_ids=ids).logits.sum().backward()
+    assert len(counted) == 4
+    with torch.no_grad():  # generation, scoring: left alone
+        model(input_ids=ids)
+    model.eval()
+    model(input_ids=ids)
+    assert len(counted) == 4
+    for h in handles:
+        h.remove()
+    model.train()
+    model(input_ids=ids)
+    assert len(counted) == 4
+
+
+def test_checkpointing_recompute_trims_again(tiny_tokenizer, counted):
+    model = _model(tiny_tokenizer, checkpointing=True)
+    trim_after_decoder_layers(model)
+    model.train()
+    out = model(input_ids=torch.tensor([[5, 6, 7, 8]]))
+    assert len(counted) == 4
+    out.logits.sum().backward()  # each layer's forward replays in the backward, stopping early (no post-hook)
+    assert len(counted) == 7
+
+
+def test_values_unchanged(tiny_tokenizer):
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    ref = _model(tiny_tokenizer, checkpointing=True)
+    ref.train()
+    ref(input_ids=ids).logits.sum().backward()
+    model = _model(tiny_tokenizer, checkpointing=True)
+    trim_after_decoder_layers(model)
+    model.train()
+    out = model(input_ids=ids).logits
+    out.sum().backward()
+    assert torch.equal(out, ref(input_ids=ids).logits)
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+
+
+def test_switched_off_by_the_environment(tiny_tokenizer, monkeypatch):
+    monkeypatch.setenv("GIGPO_NO_HOST_TRIM", "1")
+    assert trim_after_decoder_layers(_model(tiny_tokenizer)) == []
