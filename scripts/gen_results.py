@@ -82,7 +82,8 @@ def vs_trl_row() -> str:
     if shape:  # the interleaved runs, a group's episodes differing: 1 task x 8 rollouts, ~1,700-token system prompt
         calls = [c for c in sorted(shape, key=int) if "ratio" in shape[c]]
         cells = [shape[c] for c in calls]
-        ratios = " / ".join(f"{v['ratio']:.2f}×" for v in cells) + f" (medians) at {' / '.join(calls)} tool calls"
+        ratios = (" / ".join(f"{v['ratio']:.2f}×" for v in cells)
+                  + f" (medians of each arm's runs) at {' / '.join(calls)} tool calls")
         missing = [c for c in ("3", "8", "16") if c not in calls]
         ratios += f", {' and '.join(missing)} not measured yet" if missing else ""
         ours = " / ".join(f"{v['ours']['peak_gb']:.2f}" for v in cells)
