@@ -9,7 +9,7 @@ at 12.6 GB, and at 6.0 GB with freed blocks returned at once (``MALLOC_MMAP_THRE
 forward over whole episodes) are mapped and unmapped on their own, which is why resident memory ran above TRL's
 there although fewer tensors were alive.
 
-:func:`trim_after_decoder_layers` hooks the decoder layers so that, in a training forward on a CPU (gradient
+:func:`trim_around_decoder_layers` hooks the decoder layers so that, in a training forward on a CPU (gradient
 enabled, the layer in train mode; gradient checkpointing's recompute in the backward included), glibc's
 ``malloc_trim(0)`` returns the free pages before each layer runs and after the last. Generation (no gradient) and
 GPU tensors are left alone. Where the C library has no ``malloc_trim`` (macOS, musl), or with
@@ -77,7 +77,7 @@ def _after_last_layer(module, args, output):
     _trim(module, output if isinstance(output, (tuple, list)) else [output])
 
 
-def trim_after_decoder_layers(model: torch.nn.Module) -> list:
+def trim_around_decoder_layers(model: torch.nn.Module) -> list:
     """Hook the decoder layers of ``model`` (:func:`decoder_layers`) to return freed heap pages before each layer
     runs and after the last, in a training forward on a CPU. Before, not after, each layer: gradient checkpointing's
     recompute in the backward stops inside the layer once it has what the backward needs, so only its pre-hooks run

@@ -57,7 +57,7 @@ from .episodes import StepRow, advantage_keys
 from .finite import finite_reward_keys, local_advantages
 from .generation import eval_sampling, generation_params_gathered, kv_caches_for, lora_merged_for_generation
 from .grad_accumulation import DeepSpeedStepGuard, is_on_policy_micro_step
-from .host_memory import trim_after_decoder_layers
+from .host_memory import trim_around_decoder_layers
 from .memory import warn_if_budget_exceeds_memory
 from .metrics import episode_metrics
 from .models import disable_attention_dropout
@@ -183,7 +183,7 @@ class GiGPOTrainer(TokenBudgetMixin, CheckpointMixin, GRPOTrainer):
         check_budget_aux_loss(args, self.aux_loss_enabled, self.router_aux_loss_coef)
         warn_if_budget_exceeds_memory(self.model, args, self.accelerator.device)  # budget x memory/token > free
         if self.accelerator.device.type == "cpu":  # glibc keeps each layer's freed blocks resident otherwise
-            trim_after_decoder_layers(self.model)
+            trim_around_decoder_layers(self.model)
         if args.disable_dropout:
             disable_attention_dropout(self.model)
         for m in (self.model, self.ref_model):  # positions from the attention mask: padding-invariant forwards

@@ -1,4 +1,4 @@
-"""Returning freed heap pages after each decoder layer on a CPU (gigpo_trl/host_memory.py)."""
+"""Returning freed heap pages around each decoder layer on a CPU (gigpo_trl/host_memory.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gigpo_trl import host_memory
-from gigpo_trl.host_memory import decoder_layers, trim_after_decoder_layers
+from gigpo_trl.host_memory import decoder_layers, trim_around_decoder_layers
 
 pytestmark = pytest.mark.skipif(not host_memory.release_freed_host_memory(), reason="no malloc_trim (not glibc)")
 
@@ -39,7 +39,7 @@ def test_decoder_layers_found_through_peft(tiny_tokenizer):
 
 def test_trims_once_per_layer_in_training_forwards_only(tiny_tokenizer, counted):
     model = _model(tiny_tokenizer)
-    handles = trim_after_decoder_layers(model)
+    handles = trim_around_decoder_layers(model)
     assert len(handles) == 4  # before each of the 3 layers, after the last
     ids = torch.tensor([[5, 6, 7, 8]])
     model.train()
@@ -59,7 +59,7 @@ def test_trims_once_per_layer_in_training_forwards_only(tiny_tokenizer, counted)
 
 def test_checkpointing_recompute_trims_again(tiny_tokenizer, counted):
     model = _model(tiny_tokenizer, checkpointing=True)
-    trim_after_decoder_layers(model)
+    trim_around_decoder_layers(model)
     model.train()
     out = model(input_ids=torch.tensor([[5, 6, 7, 8]]))
     assert len(counted) == 4
@@ -73,7 +73,7 @@ def test_values_unchanged(tiny_tokenizer):
     ref.train()
     ref(input_ids=ids).logits.sum().backward()
     model = _model(tiny_tokenizer, checkpointing=True)
-    trim_after_decoder_layers(model)
+    trim_around_decoder_layers(model)
     model.train()
     out = model(input_ids=ids).logits
     out.sum().backward()
@@ -84,4 +84,4 @@ def test_values_unchanged(tiny_tokenizer):
 
 def test_switched_off_by_the_environment(tiny_tokenizer, monkeypatch):
     monkeypatch.setenv("GIGPO_NO_HOST_TRIM", "1")
-    assert trim_after_decoder_layers(_model(tiny_tokenizer)) == []
+    assert trim_around_decoder_layers(_model(tiny_tokenizer)) == []
