@@ -16,7 +16,8 @@ loss ``dapo``, each trainer's default token budget unless ``--budget``.
 
 Shapes (``--shape``): ``2x2`` (2 tasks × 2 rollouts per iteration, a short system prompt) and ``1x8`` (1 task × 8
 rollouts, a ~1,700-token system prompt, ~1,500 of it tool documentation: Ticker plus documented lookup tools that are
-never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared``: ``--warmups`` untimed
+never called). Each arm runs in its own process (``--arm trl|ours|ours-unshared|ours-no-trim``, the last one ours
+with ``GIGPO_NO_HOST_TRIM=1``, the cost of returning freed heap pages: ``--warmups`` untimed
 iterations, 1 by default, then ``--iterations`` timed ones; ``--warmups 0`` for both arms where one iteration takes
 many minutes, so the one-time costs fall inside the timed iteration, which counts against the faster arm most); without ``--arm`` the script runs ``--rounds`` rounds, each running every arm once in
 turn (arms interleaved, so a change of machine load hits all arms), and prints per arm the median and min-max of
@@ -246,8 +247,11 @@ def run_arm(cli) -> dict:
         from gigpo_trl import GiGPOConfig, GiGPOTrainer
         from gigpo_trl.observers import RolloutObserver
 
+        if cli.arm == "ours-no-trim":  # read when the trainer hooks its decoder layers
+            os.environ["GIGPO_NO_HOST_TRIM"] = "1"
+
         args = GiGPOConfig(output_dir=out, max_completion_length=cli.completion, max_turns=cli.calls + 1,
-                           share_prompt_prefix=cli.arm == "ours", **budget, **common)
+                           share_prompt_prefix=cli.arm != "ours-unshared", **budget, **common)
         trainer = GiGPOTrainer(model, env=env, args=args, train_dataset=dataset_, processing_class=tokenizer,
                                peft_config=lora_config)
         trainer._generate_single_turn = player  # turns without a conversation episode (none here)
@@ -332,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trl_max_completion", type=int, default=4096, help="TRL's (covers the whole episode)")
     parser.add_argument("--budget", type=int, default=None,
                         help="ours: max_tokens_per_microbatch (default: GiGPOConfig's)")
-    parser.add_argument("--arm", choices=["trl", "ours", "ours-unshared"])
+    parser.add_argument("--arm", choices=["trl", "ours", "ours-unshared", "ours-no-trim"])
     parser.add_argument("--arms", default="trl,ours-unshared,ours")
     parser.add_argument("--mmap_threshold", type=int, default=None,
                         help="run every arm's process with glibc's MALLOC_MMAP_THRESHOLD_ set to this many bytes, so "
@@ -404,9 +408,13 @@ def main() -> None:
     if "trl" in figures and "ours" in figures:
         figures["ratio"] = round(figures["ours"]["s_median"] / figures["trl"]["s_median"], 2)
         print(f"ours / trl (medians): {figures['ratio']}")
+    if "ours_no_trim" in figures and "ours" in figures:
+        figures["trim_time_ratio"] = round(figures["ours"]["s_median"] / figures["ours_no_trim"]["s_median"], 2)
+        print(f"ours / ours-no-trim (medians): {figures['trim_time_ratio']}")
     if figures:
         label = cli.shape + ("" if cli.budget is None else f"_budget_{cli.budget}") + (
-            "" if cli.mmap_threshold is None else f"_mmap_{cli.mmap_threshold}")
+            "" if cli.mmap_threshold is None else f"_mmap_{cli.mmap_threshold}") + (
+            "_trim_cost" if "ours-no-trim" in arms else "")
         figures["note"] = cli.note
         write_result("bench_vs_trl_sampled", {"shapes": {label: {str(cli.calls): figures}}}, recorded=cli.record,
                      merge=True)
