@@ -2,19 +2,15 @@
 
 On a CPU, PyTorch takes tensor memory from the C library's ``malloc``. glibc serves blocks below its mmap threshold
 (raised at run time up to 32 MB as large blocks are freed) from its heap and keeps the freed pages resident, so a
-forward whose tensors are mostly 1-32 MB (a shared-prefix suffix pass, a trajectory chain: rows of ~1,000 tokens of a
-135M model) grows the process by what each layer freed, not by what it keeps: 0.2 GB per decoder layer, 6.9 GB over
-the 30 layers of the default model in ``benchmarks/bench_vs_trl.py --shape 1x8 --calls 16``, whose whole step peaked
-at 12.6 GB, and at 6.0 GB with freed blocks returned at once (``MALLOC_MMAP_THRESHOLD_=65536``). Larger tensors (TRL's
-forward over whole episodes) are mapped and unmapped on their own, which is why resident memory ran above TRL's
-there although fewer tensors were alive.
+forward whose tensors are mostly 1-32 MB (a shared-prefix suffix pass or a trajectory chain of a small model) grows
+the process by what each layer frees, not by what it keeps; larger tensors are mapped and unmapped on their own.
 
 :func:`trim_around_decoder_layers` hooks the decoder layers so that, in a training forward on a CPU (gradient
 enabled, the layer in train mode; gradient checkpointing's recompute in the backward included), glibc's
 ``malloc_trim(0)`` returns the free pages before each layer runs and after the last. Generation (no gradient) and
 GPU tensors are left alone. Where the C library has no ``malloc_trim`` (macOS, musl), or with
 ``GIGPO_NO_HOST_TRIM=1``, nothing is hooked. The cost is the page faults of memory that would otherwise be reused
-(figures with and without: docs/memory.md).
+(peak memory and time with and without: docs/memory.md).
 """
 
 from __future__ import annotations
@@ -24,6 +20,8 @@ import ctypes.util
 import os
 
 import torch
+
+from .trl_compat import decoder_layers
 
 _LIBC = None
 
@@ -52,15 +50,6 @@ def release_freed_host_memory() -> bool:
     return True
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of ``model``: the children of its first ``nn.ModuleList`` named ``layers`` or ``h`` (the
-    transformers convention; PEFT and DDP wrappers included), or ``[]``."""
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h"):
-            return list(module)
-    return []
-
-
 def _trim(module, tensors) -> None:
     if not (module.training and torch.is_grad_enabled()):
         return
@@ -78,10 +67,10 @@ def _after_last_layer(module, args, output):
 
 
 def trim_around_decoder_layers(model: torch.nn.Module) -> list:
-    """Hook the decoder layers of ``model`` (:func:`decoder_layers`) to return freed heap pages before each layer
-    runs and after the last, in a training forward on a CPU. Before, not after, each layer: gradient checkpointing's
-    recompute in the backward stops inside the layer once it has what the backward needs, so only its pre-hooks run
-    there. Returns the hook handles (``handle.remove()`` undoes it); ``[]`` where nothing is hooked (no
+    """Hook the decoder layers of ``model`` (:func:`gigpo_trl.trl_compat.decoder_layers`) to return freed heap pages
+    before each layer runs and after the last, in a training forward on a CPU. Before, not after, each layer: gradient
+    checkpointing's recompute in the backward stops inside the layer once it has what the backward needs, so only its
+    pre-hooks run there. Returns the hook handles (``handle.remove()`` undoes it); ``[]`` where nothing is hooked (no
     ``malloc_trim``, no decoder layers found, or ``GIGPO_NO_HOST_TRIM=1`` in the environment)."""
     layers = decoder_layers(model) if _libc() and os.environ.get("GIGPO_NO_HOST_TRIM") != "1" else []
     handles = [layer.register_forward_pre_hook(_before_layer, with_kwargs=True) for layer in layers]

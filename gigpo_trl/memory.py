@@ -21,9 +21,9 @@ vocabulary V):
 output each; the attention's query and output, key and value counted as h; the MLP's gate, its SiLU and the up
 projection). The three constants are fitted to the default model on a CPU (SmolLM2-135M-Instruct, fp32, LoRA,
 rows of 500-1,000 tokens; ``python benchmarks/bench_memory.py --default-model``; the measured growth per token and
-the fit: benchmarks/results/bench_memory.json). Resident memory then included the allocator's freed-but-kept
-blocks, which the trainer now returns on a CPU (:mod:`gigpo_trl.host_memory`), so the estimate errs high; and TRL's
-LM-head tiles stop growing at 4,096 tokens, so on a CPU it also errs high above that budget.
+the fit: benchmarks/results/bench_memory.json). The fitted resident memory includes glibc's freed-but-kept blocks,
+which the trainer returns on a CPU (:mod:`gigpo_trl.host_memory`), so the estimate errs high; and TRL's LM-head tiles
+stop growing at 4,096 tokens, so on a CPU it also errs high above that budget.
 """
 
 from __future__ import annotations

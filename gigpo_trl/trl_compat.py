@@ -243,6 +243,14 @@ def install_position_ids_pre_hook(backbone, positions_fn) -> None:
     backbone._gigpo_mask_positions = backbone.register_forward_pre_hook(hook, with_kwargs=True)
 
 
+def decoder_layers(model) -> list:
+    """The decoder layers of ``model`` in module order (PEFT, DDP and DeepSpeed wrappers included): its transformers 5
+    ``GradientCheckpointingLayer`` modules, or ``[]``."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 def cache_under_checkpointing(model):
     """Context manager: the decoder layers of ``model`` keep a passed ``past_key_values`` under gradient
     checkpointing (else ``GradientCheckpointingLayer.__call__`` drops it in training). Only for caches whose
@@ -251,12 +259,9 @@ def cache_under_checkpointing(model):
     shadows it; removed on exit)."""
     import contextlib
 
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     @contextlib.contextmanager
     def context():
-        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
-                  and "_can_checkpoint_with_cache" not in vars(m)]
+        layers = [m for m in decoder_layers(model) if "_can_checkpoint_with_cache" not in vars(m)]
         for m in layers:
             m._can_checkpoint_with_cache = True
         try:

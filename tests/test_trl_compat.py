@@ -219,6 +219,18 @@ def test_cache_under_checkpointing(tiny_tokenizer):
         assert all("_can_checkpoint_with_cache" not in vars(m) for m in layers)
 
 
+def test_decoder_layers_are_the_models_layers_through_peft(tiny_tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    from tiny_models import build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, num_layers=3)
+    assert trl_compat.decoder_layers(model) == list(model.model.layers) and len(model.model.layers) == 3
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert trl_compat.decoder_layers(wrapped) == list(model.model.layers)
+    assert trl_compat.decoder_layers(torch.nn.Linear(2, 2)) == []
+
+
 def test_fused_lm_head_labelled_only(tiny_tokenizer, monkeypatch):
     """``fused_lm_head_labelled_only`` makes TRL's fused LM head project only the labelled positions on a CPU (4 of
     11 here, where it projects all 11 by default), with the same log-probs, loss and gradients (to 1e-6), and
