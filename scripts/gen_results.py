@@ -308,6 +308,25 @@ def index_table() -> str:
     return "\n".join(rows)
 
 
+def host_memory_table() -> str:
+    """docs/memory.md: peak memory at the 1x8 shape with and without returning freed heap pages, and its time cost."""
+    shapes = load("bench_vs_trl_sampled")["figures"]["shapes"]
+    now, before, mmap = shapes["1x8"], shapes["1x8_before_trim"], shapes["1x8_mmap_65536"]
+    rows = ["| tool calls | ours | ours without returning freed pages | TRL | with `--mmap_threshold 65536`: ours / TRL |",
+            "|---|---|---|---|---|"]
+    for c in sorted(now, key=int):
+        rows.append(f"| {c} | {now[c]['ours']['peak_gb']:.2f} GB | {before[c]['ours']['peak_gb']:.2f} GB | "
+                    f"{now[c]['trl']['peak_gb']:.2f} GB | {mmap[c]['ours']['peak_gb']:.2f} / "
+                    f"{mmap[c]['trl']['peak_gb']:.2f} GB |")
+    (calls, cost), = shapes["1x8_trim_cost"].items()
+    trim, bare = cost["ours"], cost["ours_no_trim"]
+    rows += ["", f"Time at {calls} calls: {trim['s_median']:.1f} s per iteration returning freed pages against "
+                 f"{bare['s_median']:.1f} s without ({cost['trim_time_ratio']:.2f}×; medians of "
+                 f"{trim['timed_iterations']} interleaved runs each), peak {trim['peak_gb']:.2f} against "
+                 f"{bare['peak_gb']:.2f} GB."]
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------------ the blocks
 BLOCKS = {  # page -> {block name: render function}
     "README.md": {"headline": headline_table},
@@ -316,6 +335,7 @@ BLOCKS = {  # page -> {block name: render function}
     "benchmarks/experiments/learning.md": {"learning": learning_table},
     "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
     "benchmarks/README.md": {"index": index_table},
+    "docs/memory.md": {"host_memory": host_memory_table},
 }
 
 
