@@ -298,7 +298,8 @@ def test_condition_settings_reach_the_env_and_the_config():
     a = settings.parse_args(["--condition", "clock_sim", "--iterations", "20"])
     assert (a.length, a.max_turns, a.nuisance, a.anchor_similarity_threshold, a.eval_tasks, a.seeds) == (
         12, 30, "clock", 0.9, 128, settings.MAP_SEEDS)
-    assert a.arms == ["GiGPO", "GRPO", "HGPO", "G2PO"]  # GraphGPO matches states exactly: no similarity cell
+    # GraphGPO matches states exactly: no similarity cell
+    assert a.arms == ["GiGPO", "GRPO", "HGPO", "G2PO", "RLOO", "PPO"]
     env = testbeds.env_factory_for(a)()
     obs, _ = env.reset(task=5)
     assert obs.startswith("room 1: left arch, right closet\nclock ")
@@ -309,6 +310,14 @@ def test_condition_settings_reach_the_env_and_the_config():
     g2po = runner.make_config(a, "/tmp/x", settings.ARMS["G2PO"], 600)
     assert (g2po.step_return, g2po.g2po_success_reward, g2po.anchor_similarity_threshold, g2po.gamma) == (
         "g2po", 1.0, 0.9, 0.95)
+    # the baselines group no states: no threshold; their recipes' fields over the shared ones
+    # (benchmarks/experiments/baselines_arm.md)
+    rloo = runner.make_config(a, "/tmp/x", settings.ARMS["RLOO"], 600)
+    assert (rloo.estimator, rloo.advantage_mode, rloo.step_advantage_weight, rloo.episode_stats,
+            rloo.anchor_similarity_threshold) == ("rloo", "leave_one_out", 0.0, "trajectories", None)
+    ppo = runner.make_config(a, "/tmp/x", settings.ARMS["PPO"], 600)
+    assert (ppo.estimator, ppo.gamma, ppo.lam, ppo.gae_level, ppo.critic_learning_rate, ppo.learning_rate,
+            ppo.anchor_similarity_threshold) == ("ppo", 1.0, 1.0, "token", 2.5e-4, 2.5e-5, None)
     hook = settings.parse_args(["--condition", "clock_hook", "--iterations", "20"])
     env = testbeds.env_factory_for(hook)()
     obs, _ = env.reset(task=5)
@@ -354,18 +363,21 @@ def test_map_report_table_and_figure_from_cells(tmp_path):
         d["gaps"] |= {f"{pair}/T=1": {"gap_pp": m, "ci95_pp": [m - 1.0, m + 1.0]} for pair, m in (between or {}).items()}
         (folder / "learning.json").write_text(json.dumps(d))
 
-    cell("h6", {"GiGPO": 3.0, "HGPO": 5.5, "GraphGPO": 1.0, "G2PO": 4.0}, between={"G2PO-GraphGPO": 3.0})
-    cell("clock", {"GiGPO": -0.5, "HGPO": 0.2, "GraphGPO": 0.0}, seeds=[600, 601])
-    cell("clock_sim", {"GiGPO": 1.5, "HGPO": 2.0})
+    cell("h6", {"GiGPO": 3.0, "HGPO": 5.5, "GraphGPO": 1.0, "G2PO": 4.0, "RLOO": 0.5, "PPO": -2.0},
+         between={"G2PO-GraphGPO": 3.0, "PPO-GiGPO": -5.0})
+    cell("clock", {"GiGPO": -0.5, "HGPO": 0.2, "GraphGPO": 0.0, "RLOO": 0.0, "PPO": 1.0}, seeds=[600, 601])
+    cell("clock_sim", {"GiGPO": 1.5, "HGPO": 2.0, "PPO": 0.0})
     assert runner.main(["--map_report", "--map_dir", str(tmp_path)]) == 0
     d = json.loads((tmp_path / "map.json").read_text())
     assert d["gaps_to_grpo"]["h6"]["HGPO"] == {"gap_pp": 5.5, "ci95_pp": [3.5, 8.5]}
     assert "GraphGPO" not in d["gaps_to_grpo"]["clock_sim"]
     assert d["missing"] == ["h12", "h24", "clock_hook", "trap"] and d["partial"] == ["clock"]
-    # G2PO has run only in h6; clock_sim has no GraphGPO arm, so only G2PO is pending there
-    assert d["pending"] == {"clock": ["G2PO"], "clock_sim": ["G2PO"]}
+    # G2PO has run only in h6; clock_sim has no GraphGPO arm, so GraphGPO is not pending there
+    assert d["pending"] == {"clock": ["G2PO"], "clock_sim": ["G2PO", "RLOO"]}
     assert d["gaps_to_grpo"]["h6"]["G2PO"] == {"gap_pp": 4.0, "ci95_pp": [2.0, 7.0]}
-    assert d["gaps_between"] == {"h6": {"G2PO-GraphGPO": {"gap_pp": 3.0, "ci95_pp": [2.0, 4.0]}}}
+    assert d["gaps_to_grpo"]["h6"]["PPO"] == {"gap_pp": -2.0, "ci95_pp": [-4.0, 1.0]}
+    assert d["gaps_between"] == {"h6": {"G2PO-GraphGPO": {"gap_pp": 3.0, "ci95_pp": [2.0, 4.0]},
+                                        "PPO-GiGPO": {"gap_pp": -5.0, "ci95_pp": [-6.0, -4.0]}}}
     assert "+5.5 [  +3.5,   +8.5]" in d["table"]
     assert (tmp_path / "map.png").stat().st_size > 10_000
     assert runner.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1

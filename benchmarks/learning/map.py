@@ -11,7 +11,7 @@ from results_io import provenance
 from .settings import ARMS, CONDITIONS, MAP_AXES, MAP_AXIS_LABELS
 from .statistics import METRICS, PRIMARY_METRIC
 
-BETWEEN = ("G2PO-GraphGPO", "G2PO-GiGPO")  # map.json's gaps_between: pairs of arms other than the gap to GRPO
+BETWEEN = ("G2PO-GraphGPO", "G2PO-GiGPO", "PPO-GiGPO", "PPO-G2PO", "RLOO-GiGPO")  # map.json's gaps_between: pairs of arms other than the gap to GRPO
 
 
 def map_table(cells: dict) -> tuple[str, dict]:
@@ -87,7 +87,8 @@ def plot_map(gaps: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red", "G2PO": "tab:purple"}
+    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red", "G2PO": "tab:purple", "RLOO": "tab:brown",
+              "PPO": "tab:gray"}
     arms = [arm for arm in ARMS if arm != "GRPO"]
     fig, axes = plt.subplots(1, len(MAP_AXES), figsize=(5 * len(MAP_AXES), 4.2), sharey=True)
     for ax, (axis, conds) in zip(axes, MAP_AXES.items()):
@@ -99,7 +100,7 @@ def plot_map(gaps: dict, path) -> None:
                 if g is None:
                     continue
                 lo, hi = g["ci95_pp"]
-                xs.append(i + (j - (len(arms) - 1) / 2) * 0.18)
+                xs.append(i + (j - (len(arms) - 1) / 2) * 0.8 / len(arms))
                 ms.append(g["gap_pp"])
                 los.append(g["gap_pp"] - lo if np.isfinite(lo) else 0.0)
                 his.append(hi - g["gap_pp"] if np.isfinite(hi) else 0.0)

@@ -33,7 +33,8 @@ def report(results, seeds, arms, a, warmups=None):
         f"{np.mean([results[(s, arm)]['auc_sampled'] for s in seeds]):10.3f}" for arm in arms))
     pairs = [(x, y) for x, y in (("GiGPO", "GRPO"), ("HGPO", "GiGPO"), ("HGPO", "GRPO"), ("GraphGPO", "GiGPO"),
                                  ("GraphGPO", "GRPO"), ("G2PO", "GRPO"), ("G2PO", "GraphGPO"),
-                                 ("G2PO", "GiGPO")) if x in arms and y in arms]
+                                 ("G2PO", "GiGPO"), ("RLOO", "GRPO"), ("PPO", "GRPO"), ("PPO", "GiGPO"),
+                                 ("PPO", "G2PO"), ("RLOO", "GiGPO")) if x in arms and y in arms]
     gaps = {}
     lines.append("")
     lines.append(f"paired gaps over seeds (percentage points; 95% t interval, df = seeds - 1); primary metric: "

@@ -170,7 +170,9 @@ def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
         shared |= dict(save_strategy="steps", save_steps=a.spg, save_total_limit=1)
     if a.history_mode is not None:
         shared["history_mode"] = a.history_mode
-    if a.anchor_similarity_threshold is not None and arm_fields.get("step_return") != "graph":
+    # GraphGPO matches states exactly (its graph's nodes); RLOO and PPO group no states (baselines_arm.md)
+    if (a.anchor_similarity_threshold is not None and arm_fields.get("step_return") != "graph"
+            and arm_fields.get("estimator") not in ("rloo", "ppo")):
         shared["anchor_similarity_threshold"] = a.anchor_similarity_threshold
     return GiGPOConfig(**{**shared, **arm_fields})
 
@@ -181,7 +183,9 @@ LOG_KEYS = ["episode/success_rate", "episode/length_mean", "episode/invalid_acti
             # --max_staleness runs (server stand-in): the rollouts' age and the importance weights that correct it
             "async/staleness_mean", "async/staleness_max", "async/groups_dropped",
             "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/max",
-            "sampling/importance_sampling_ratio/truncated_fraction", "sampling/sampling_logp_difference/max"]
+            "sampling/importance_sampling_ratio/truncated_fraction", "sampling/sampling_logp_difference/max",
+            # the baselines (benchmarks/experiments/baselines_arm.md): the advantages' cost, PPO's critic
+            "rollout/advantage_seconds", "critic/loss", "critic/explained_variance", "critic/value_error"]
 
 
 def iteration_series(log_history) -> dict:

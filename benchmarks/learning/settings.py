@@ -21,6 +21,11 @@ ARMS = {
     "GraphGPO": {"step_advantage_weight": 1.0, "step_return": "graph", "gamma": 0.1, "graph_normalize_distance": False},
     # the corridor's success reward (1.0), not the recipe's 10 (benchmarks/experiments/g2po_arm.md)
     "G2PO": {"step_advantage_weight": 1.0, "step_return": "g2po", "g2po_success_reward": 1.0},
+    # the paper's two other baselines (benchmarks/experiments/baselines_arm.md): RLOO with the recipe's leave-one-out
+    # normalisation (the shared mean_std_norm is one the recipe refuses); PPO with a critic as verl-agent's
+    # examples/ppo_trainer runs it (gamma = lam = 1 on each turn's tokens), the critic at 10x the policy's rate
+    "RLOO": {"estimator": "rloo", "advantage_mode": "leave_one_out"},
+    "PPO": {"estimator": "ppo", "gamma": 1.0, "lam": 1.0, "gae_level": "token", "critic_learning_rate": 2.5e-4},
 }
 
 
@@ -80,7 +85,7 @@ CONDITIONS = {
     "clock": dict(axis="anchors", label="nuisance,\nexact", nuisance="clock", iterations=10),
     "clock_sim": dict(axis="anchors", label="nuisance,\nsimilarity 0.9", nuisance="clock",
                       anchor_similarity_threshold=0.9, iterations=10,
-                      arms=("GiGPO", "GRPO", "HGPO", "G2PO")),
+                      arms=("GiGPO", "GRPO", "HGPO", "G2PO", "RLOO", "PPO")),
     "clock_hook": dict(axis="anchors", label="nuisance,\nanchor_state()", nuisance="clock",
                        anchor_drops_nuisance=True, iterations=10),
     "trap": dict(axis="failure", label="trap door", trap_door=True, iterations=20),
