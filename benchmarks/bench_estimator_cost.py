@@ -1,0 +1,135 @@
+"""What each estimator arm costs, side by side on one map cell: the peak resident memory of its training process and
+the seconds per training iteration, split into the rollout, the advantages and the rest (the policy's forward,
+backward and optimizer step; PPO's critic value pass, loss and step). The paper's claim for critic-free step credit
+is about memory (benchmarks/experiments/baselines_arm.md, "Cost"); this measures it on our testbed.
+
+    python benchmarks/bench_estimator_cost.py                  # h12, seed 600, GRPO GiGPO G2PO RLOO PPO: the record
+    python benchmarks/bench_estimator_cost.py --arms GRPO PPO --iterations 2
+
+One warm-up (``benchmarks/learning.py --warmup_only``), then every arm in turn in its own process
+(``benchmarks/learning.py --arms ARM --workers 1 --reuse_warmup``, single-threaded), from the same warm-up weights,
+with the cell's settings (iterations, evaluations, 128 held-out tasks). Per arm: the child's peak resident memory
+(``ru_maxrss`` from ``os.wait4``: the whole process, the tokenizer, tasks and the reused warm-up included), wall and
+CPU seconds per iteration without the held-out evaluations, the mean logged ``rollout/seconds`` and
+``rollout/advantage_seconds``, the load average before and after, the run's held-out success (sampled, last 3
+evaluations) and its model sizes (policy parameters; PPO's critic: its parameters too). The wall times hold only for
+the load recorded with them; the CPU seconds are the figure to compare on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_ARMS = ["GRPO", "GiGPO", "G2PO", "RLOO", "PPO"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--condition", default="h12", help="the map cell (benchmarks/learning/settings.py CONDITIONS)")
+    p.add_argument("--seed", type=int, default=600)
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
+    p.add_argument("--iterations", type=int, default=None, help="default: the cell's pre-registered iterations")
+    p.add_argument("--output_dir", default="outputs/bench/estimator_cost")
+    return p
+
+
+def run_child(cmd: list[str], log: Path) -> tuple[int, float, float]:
+    """Run ``cmd`` with its output in ``log``; returns ``(return code, its peak resident memory in MB, wall s)``."""
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, time.perf_counter() - t0
+
+
+def model_sizes(init_dir: Path, arm_fields: dict) -> dict:
+    """Parameters of the warmed-up policy and, for PPO, of its critic (a copy of the policy's decoder with a value
+    head: gigpo_trl.critic), counted from the saved warm-up weights."""
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(init_dir)
+    n = sum(p.numel() for p in policy.parameters())
+    sizes = {"policy_params": n}
+    if arm_fields.get("estimator") == "ppo":
+        decoder = sum(p.numel() for p in policy.base_model.parameters())
+        sizes["critic_params"] = decoder + policy.config.hidden_size + 1  # the decoder and a scalar head
+    return sizes
+
+
+def arm_figures(arm: str, out: Path, seed: int, peak_mb: float, wall: float, loads: list[float]) -> dict:
+    """The figures of one arm's run from its ``runs.jsonl`` line."""
+    run = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
+    iters = len(run["series"]["rollout/rows"])
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    rollout = mean(run["series"].get("rollout/seconds", []))
+    adv = mean(run["series"].get("rollout/advantage_seconds", []))
+    train_wall = (run["wall_seconds"] - run["eval_seconds"]) / iters
+    return {
+        "seed": seed, "iterations": iters, "peak_rss_mb": round(peak_mb, 1), "process_wall_seconds": round(wall, 1),
+        "train_wall_seconds_per_iteration": round(train_wall, 3),
+        "train_cpu_seconds_per_iteration": round(run["train_cpu_seconds_per_iteration"], 3),
+        "rollout_seconds_per_iteration": round(rollout, 3), "advantage_seconds_per_iteration": round(adv, 4),
+        "rest_seconds_per_iteration": round(train_wall - rollout - adv, 3),
+        "rows_per_iteration": round(mean(run["series"]["rollout/rows"]), 1),
+        "held_out_success_last3": round(run["headline_sampled"], 4), "load": [round(x, 2) for x in loads],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    from learning.settings import ARMS
+    from results_io import is_default_run, write_result
+
+    unknown = [arm for arm in a.arms if arm not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
+    out = Path(a.output_dir)
+    warm = out / "warmup"
+    base = [sys.executable, str(HERE / "learning.py"), "--condition", a.condition, "--seeds", str(a.seed),
+            "--workers", "1", "--warmup_dir", str(warm), "--reuse_warmup"]
+    if a.iterations:
+        base += ["--iterations", str(a.iterations)]
+    warm.mkdir(parents=True, exist_ok=True)
+    rc, _, wall = run_child(base + ["--arms", a.arms[0], "--warmup_only", "--output_dir", str(warm)],
+                            out / "warmup.log")
+    if rc:
+        print((out / "warmup.log").read_text()[-3000:], file=sys.stderr)
+        return rc
+    print(f"warm-up (seed {a.seed}, {a.condition}): {wall:.0f} s", flush=True)
+    figures = {"condition": a.condition, "seed": a.seed, "arms": {}}
+    for arm in a.arms:
+        arm_out = out / arm
+        shutil.rmtree(arm_out, ignore_errors=True)  # a fresh run: learning.py skips runs already in runs.jsonl
+        arm_out.mkdir(parents=True)
+        load_before = os.getloadavg()[0]
+        rc, peak, wall = run_child(base + ["--arms", arm, "--output_dir", str(arm_out)], out / f"{arm}.log")
+        if rc:
+            print((out / f"{arm}.log").read_text()[-3000:], file=sys.stderr)
+            return rc
+        f = arm_figures(arm, arm_out, a.seed, peak, wall, [load_before, os.getloadavg()[0]])
+        f |= model_sizes(warm / f"seed{a.seed}" / "init", ARMS[arm])
+        figures["arms"][arm] = f
+        print(f"{arm:>6}: peak {f['peak_rss_mb']:.0f} MB | per iteration: train {f['train_wall_seconds_per_iteration']:.2f}"
+              f" s wall, {f['train_cpu_seconds_per_iteration']:.2f} s CPU (rollout {f['rollout_seconds_per_iteration']:.2f}"
+              f", advantages {f['advantage_seconds_per_iteration']:.4f}, rest {f['rest_seconds_per_iteration']:.2f}) | "
+              f"{f['rows_per_iteration']:.0f} rows | held-out success {f['held_out_success_last3']:.3f} | load "
+              f"{f['load'][0]:.1f} -> {f['load'][1]:.1f}", flush=True)
+    write_result("bench_estimator_cost", figures, recorded=is_default_run(parser, a))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
