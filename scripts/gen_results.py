@@ -16,27 +16,20 @@ import re
 import sys
 from pathlib import Path
 
+import results_tables as tables
+from results_tables import MAP_ARMS, MAP_CELLS, MINUS, gap, signed  # noqa: F401  (the tests read them here)
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-MINUS = "\u2212"
 
 
 def load(name: str) -> dict:
     return json.loads((RESULTS / f"{name}.json").read_text())
 
 
-def signed(x: float, digits: int = 1) -> str:
-    """``+3.0`` / ``−1.9`` (a true minus sign), ``0.0`` for zero."""
-    text = f"{x:+.{digits}f}"
-    if float(text) == 0:
-        return f"{0:.{digits}f}"
-    return text.replace("-", MINUS)
-
-
-def gap(g: dict, unit: str = "") -> str:
-    """``+3.0 pp [−1.9, +7.8]`` from a gap entry (``gap_pp``, ``ci95_pp``)."""
-    lo, hi = g["ci95_pp"]
-    return f"{signed(g['gap_pp'])}{unit} [{signed(lo)}, {signed(hi)}]"
+def load_optional(name: str) -> dict | None:
+    """``load(name)``, or ``None`` while the benchmark has not recorded its file."""
+    return load(name) if (RESULTS / f"{name}.json").exists() else None
 
 
 def thousands(x: float) -> str:
@@ -47,8 +40,9 @@ def thousands(x: float) -> str:
 def learning_row() -> str:
     gaps = load("learning")["gaps"]
     first = gap(gaps["GiGPO-GRPO/T=1"], " pp").replace(" [", ", 95 % CI [")
-    return (f"GiGPO {first}; HGPO {gap(gaps['HGPO-GRPO/T=1'])}; "
-            f"GraphGPO {gap(gaps['GraphGPO-GRPO/T=1'])}; G2PO {gap(gaps['G2PO-GRPO/T=1'])}")
+    rest = "; ".join(f"{arm} {gap(gaps[f'{arm}-GRPO/T=1']) if f'{arm}-GRPO/T=1' in gaps else 'pending'}"
+                     for arm in ("HGPO", "GraphGPO", "G2PO", "RLOO", "PPO"))
+    return f"GiGPO {first}; {rest}"
 
 
 def map_row() -> str:
@@ -64,17 +58,7 @@ def map_row() -> str:
             f"{' (across 0)' if across_zero('h6', 'h12') else ''}; a nuisance in the anchor makes it "
             f"{'GRPO exactly' if gi['clock']['gap_pp'] == 0 else signed(gi['clock']['gap_pp'])}, `anchor_state()` "
             f"restores {gap(gi['clock_hook'])}; GraphGPO {signed(min(graph))} to {signed(max(graph))} wherever "
-            f"states repeat; {g2po_cells(cells)}")
-
-
-def g2po_cells(cells: dict) -> str:
-    """G2PO's range of gaps to GRPO over the map's cells, and whether every interval lies above 0."""
-    g2 = [v["G2PO"] for v in cells.values() if "G2PO" in v]
-    if not g2:
-        return "G2PO pending"
-    above = all(g["ci95_pp"][0] > 0 for g in g2)
-    return (f"G2PO {signed(min(g['gap_pp'] for g in g2))} to {signed(max(g['gap_pp'] for g in g2))} in "
-            f"{'all ' if len(g2) == len(cells) else ''}{len(g2)} cells{', every interval above 0' if above else ''}")
+            f"states repeat; {'; '.join(tables.arm_cells(cells, arm) for arm in ('G2PO', 'RLOO', 'PPO'))}")
 
 
 def advantage_row() -> str:
@@ -110,6 +94,10 @@ def vs_trl_row() -> str:
             "the whole episode and cuts it silently)")
 
 
+def cost_row() -> str:
+    return tables.cost_row(load_optional("bench_estimator_cost"))
+
+
 def memory_row() -> str:
     s = load("bench_memory")["figures"]["settings"]["checkpointing_on_budget_1024_rows_of_1000"]
     return f"{s['peak_mib'] * 2**20 / 1e9:.2f} GB (CPU)"
@@ -121,7 +109,10 @@ HEADLINE = [
      "[learning](benchmarks/experiments/learning.md), `benchmarks/learning.py`"),
     ("where step credit pays: gap to GRPO over 7 map cells (horizon, anchors, failure cause), 8 fresh seeds each",
      map_row, "[map](benchmarks/results/map/map.png), [reading](benchmarks/experiments/map.md), "
-              "[G2PO](benchmarks/experiments/g2po_arm.md), `benchmarks/learning.py --condition NAME`"),
+              "[G2PO](benchmarks/experiments/g2po_arm.md), [RLOO, PPO](benchmarks/experiments/baselines_arm.md), "
+              "`benchmarks/learning.py --condition NAME`"),
+    ("memory and time per estimator arm, side by side on one map cell (a critic against none)", cost_row,
+     "[baselines](benchmarks/experiments/baselines_arm.md), `benchmarks/bench_estimator_cost.py`"),
     ("estimator speed vs the reference's algorithm", advantage_row, "`benchmarks/bench_advantage.py`"),
     ("rollout overhead vs the bare generate calls", rollout_row, "`benchmarks/bench_rollout.py`"),
     ("time vs TRL's multi-turn GRPO, same episodes, by tool calls per episode", vs_trl_row,
@@ -138,22 +129,16 @@ def headline_table() -> str:
 
 
 # ------------------------------------------------------------------------------------------ experiment pages
-MAP_CELLS = {  # cell -> its label in the map's table
-    "h6": "`h6` (6 rooms)", "h12": "`h12` (12 rooms; exact anchors; diffuse failure)", "h24": "`h24` (24 rooms)",
-    "clock": "`clock` (nuisance, exact anchors)", "clock_sim": "`clock_sim` (nuisance, similarity 0.9)",
-    "clock_hook": "`clock_hook` (nuisance, `anchor_state()`)", "trap": "`trap` (12 rooms, trap door)",
-}
-MAP_ARMS = ("GiGPO", "HGPO", "GraphGPO", "G2PO")
-
-
 def map_table() -> str:
-    cells, pending = load("map/map")["gaps_to_grpo"], load("map/map").get("pending", {})
-    rows = ["| cell | " + " | ".join(f"{arm} − GRPO" for arm in MAP_ARMS) + " |", "|---" * (len(MAP_ARMS) + 1) + "|"]
-    for cell, label in MAP_CELLS.items():
-        gaps = [gap(cells[cell][arm]) if arm in cells[cell] else "pending" if arm in pending.get(cell, ())
-                else "not an arm" for arm in MAP_ARMS]
-        rows.append(f"| {label} | " + " | ".join(gaps) + " |")
-    return "\n".join(rows)
+    return tables.map_table(load("map/map"))
+
+
+def baselines_table() -> str:
+    return tables.baselines_table(load("map/map"), load("learning"))
+
+
+def cost_table() -> str:
+    return tables.cost_table(load_optional("bench_estimator_cost"))
 
 
 def g2po_table() -> str:
@@ -182,17 +167,7 @@ def g2po_table() -> str:
 
 
 def learning_table() -> str:
-    gaps = load("learning")["gaps"]
-    rows = ["| gap | held-out success, sampled T = 1 (primary) | AUC, T = 1 | greedy |", "|---|---|---|---|"]
-    for pair in ("GiGPO-GRPO", "HGPO-GRPO", "GraphGPO-GRPO", "HGPO-GiGPO", "GraphGPO-GiGPO", "G2PO-GRPO",
-                 "G2PO-GraphGPO", "G2PO-GiGPO"):
-        x, y = pair.split("-")
-        if pair + "/T=1" not in gaps:
-            rows.append(f"| {x} − {y} | pending | pending | pending |")
-            continue
-        rows.append(f"| {x} − {y} | {gap(gaps[pair + '/T=1'])} | {gap(gaps[pair + '/AUC T=1'])} | "
-                    f"{gap(gaps[pair + '/greedy'])} |")
-    return "\n".join(rows)
+    return tables.learning_table(load("learning")["gaps"])
 
 
 def main_job_table() -> str:
@@ -223,7 +198,8 @@ def paper_shape_row() -> str:
 
 # (script, what it measures, command, headline figure, where to read more): the index of benchmarks/README.md.
 INDEX = [
-    ("learning.py", "GiGPO vs GRPO vs HGPO vs GraphGPO vs G2PO at equal budget on the corridor testbed, 10 seeds",
+    ("learning.py", "GiGPO vs GRPO vs HGPO vs GraphGPO vs G2PO vs RLOO vs PPO at equal budget on the corridor "
+     "testbed, 10 seeds",
      "python benchmarks/learning.py", lambda: learning_row().replace(" pp, 95 % CI [", " pp ["), "[learning](experiments/learning.md)"),
     ("learning.py --condition", "the map: the gap to GRPO in 7 cells (horizon, anchors, failure cause), 8 seeds each",
      "python benchmarks/learning.py --condition h24",
@@ -247,6 +223,8 @@ INDEX = [
      "[results](results/doc_example.json)"),
     ("bench_advantage.py", "the estimator alone: speed against the reference's algorithm, HGPO, GraphGPO and G2PO cost",
      "python benchmarks/bench_advantage.py", advantage_row, "[results](results/bench_advantage.json)"),
+    ("bench_estimator_cost.py", "peak memory and seconds per iteration of each estimator arm, side by side on one "
+     "map cell", "python benchmarks/bench_estimator_cost.py", cost_row, "[baselines](experiments/baselines_arm.md)"),
     ("bench_rollout.py", "the collector's rollout against its bare generate calls", "python benchmarks/bench_rollout.py",
      lambda: f"{rollout_row()} (target ≤ {_fig('bench_rollout')['target_ratio_max']}×)", "[results](results/bench_rollout.json)"),
     ("bench_rollout.py --backend vllm", "rollout throughput, vLLM colocate vs transformers generate (CPU)",
@@ -444,10 +422,12 @@ BLOCKS = {  # page -> {block name: render function}
     "README.md": {"headline": headline_table},
     "benchmarks/experiments/map.md": {"map": map_table},
     "benchmarks/experiments/g2po_arm.md": {"g2po": g2po_table},
+    "benchmarks/experiments/baselines_arm.md": {"baselines": baselines_table, "cost": cost_table},
     "benchmarks/experiments/learning.md": {"learning": learning_table},
     "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
     "benchmarks/README.md": {"index": index_table},
     "docs/memory.md": {"host_memory": host_memory_table},
+    "docs/estimators.md": {"baselines": baselines_table, "cost": cost_table},
     "docs/performance.md": {"phases": performance_table},
 }
 

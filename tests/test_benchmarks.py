@@ -16,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES = {"benchmarks/results_io.py",  # imported by the scripts, not run
-           "scripts/mkdocs_hooks.py"}  # loaded by `mkdocs build` (mkdocs.yml's hooks), not run
+           "scripts/mkdocs_hooks.py",  # loaded by `mkdocs build` (mkdocs.yml's hooks), not run
+           "scripts/results_tables.py"}  # imported by scripts/gen_results.py, not run
 SCRIPTS = sorted(str(p.relative_to(REPO)) for folder in ("benchmarks", "scripts") for p in (REPO / folder).glob("*.py")
                  if str(p.relative_to(REPO)) not in MODULES)
 SHELL_SCRIPTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "scripts").glob("*.sh"))
@@ -117,6 +118,85 @@ def test_g2po_table_shows_folded_cells_and_pending_ones(tmp_path, monkeypatch):
     assert rows[2].endswith("| pending | pending | pending |")  # h6
     assert rows[6].endswith("| +2.0 [\u22121.0, +5.0] | no GraphGPO arm | +2.0 [\u22121.0, +5.0] |")  # clock_sim
     assert rows[-1] == "| headline corridor (12 rooms) | 200-209 | pending | pending | pending |"
+
+
+def _results_copy(tmp_path, monkeypatch, skip=()) -> Path:
+    """benchmarks/results/ copied under ``tmp_path`` (less the files named in ``skip``), read by gen_results."""
+    for path in RESULT_FILES:
+        if path.name in skip:
+            continue
+        target = tmp_path / path.relative_to(REPO / "benchmarks" / "results")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    monkeypatch.setattr(gen_results, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypatch):
+    """RLOO and PPO in one map cell (h12) and one headline pair: their gaps in the baselines, map and learning
+    tables and README's headline; every other cell and pair "pending", though map.json lists no arm as pending
+    (written before the two arms were pre-registered)."""
+    res = _results_copy(tmp_path, monkeypatch, skip=("bench_estimator_cost.json",))
+    m = json.loads((res / "map" / "map.json").read_text())
+    rloo, ppo = {"gap_pp": 0.4, "ci95_pp": [-2.0, 2.8]}, {"gap_pp": -3.25, "ci95_pp": [-6.0, -0.5]}
+    m["gaps_to_grpo"]["h12"] |= {"RLOO": rloo, "PPO": ppo}
+    m["gaps_between"]["h12"] |= {"PPO-GiGPO": {"gap_pp": -4.9, "ci95_pp": [-8.1, -1.7]}, "RLOO-GiGPO": rloo}
+    m["pending"] = {}
+    (res / "map" / "map.json").write_text(json.dumps(m))
+    learning = json.loads((res / "learning.json").read_text())
+    learning["gaps"] |= {"RLOO-GRPO/T=1": rloo, "RLOO-GRPO/AUC T=1": ppo, "RLOO-GRPO/greedy": rloo}
+    (res / "learning.json").write_text(json.dumps(learning))
+
+    rows = gen_results.baselines_table().splitlines()
+    assert rows[0] == ("| cell | seeds | RLOO \u2212 GRPO (primary) | PPO \u2212 GRPO (primary) | PPO \u2212 GiGPO | "
+                       "PPO \u2212 G2PO | RLOO \u2212 GiGPO |")
+    assert rows[3] == ("| `h12` (12 rooms; exact anchors; diffuse failure) | 600-607 | +0.4 [\u22122.0, +2.8] | "
+                       "\u22123.2 [\u22126.0, \u22120.5] | \u22124.9 [\u22128.1, \u22121.7] | pending | "
+                       "+0.4 [\u22122.0, +2.8] |")
+    assert rows[2] == "| `h6` (6 rooms) | 600-607 | pending | pending | pending | pending | pending |"
+    assert rows[-1] == ("| headline corridor (12 rooms) | 200-209 | +0.4 [\u22122.0, +2.8] | pending | pending | "
+                        "pending | pending |")
+    table = gen_results.map_table().splitlines()
+    assert table[0].endswith("| G2PO \u2212 GRPO | RLOO \u2212 GRPO | PPO \u2212 GRPO |")
+    assert table[3].endswith("| +0.4 [\u22122.0, +2.8] | \u22123.2 [\u22126.0, \u22120.5] |")  # h12
+    assert table[6].endswith("| not an arm | +9.0 [+6.5, +11.5] | pending | pending |")  # clock_sim: no GraphGPO
+    learning_rows = gen_results.learning_table().splitlines()
+    assert ("| RLOO \u2212 GRPO | +0.4 [\u22122.0, +2.8] | \u22123.2 [\u22126.0, \u22120.5] | "
+            "+0.4 [\u22122.0, +2.8] |") in learning_rows
+    assert "| PPO \u2212 G2PO | pending | pending | pending |" in learning_rows
+    headline = gen_results.headline_table()
+    assert "; RLOO +0.4 [\u22122.0, +2.8]; PPO pending |" in headline
+    assert ("; RLOO +0.4 to +0.4 in 1 of 7 cells, every interval across 0; PPO \u22123.2 to \u22123.2 in 1 of 7 "
+            "cells, every interval below 0 |") in headline
+    assert "| pending (`python benchmarks/bench_estimator_cost.py` not recorded yet) |" in headline
+
+
+def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
+    res = _results_copy(tmp_path, monkeypatch, skip=("bench_estimator_cost.json",))
+    page = (REPO / "benchmarks/experiments/baselines_arm.md").read_text()
+    rendered = gen_results.render("benchmarks/experiments/baselines_arm.md", page)  # no file: no failure
+    assert "<!-- results:cost -->\nNot recorded yet: `python benchmarks/bench_estimator_cost.py` writes" in rendered
+
+    def arm(peak, cpu, **more):
+        return {"seed": 600, "iterations": 10, "peak_rss_mb": peak, "train_wall_seconds_per_iteration": cpu + 0.5,
+                "train_cpu_seconds_per_iteration": cpu, "rollout_seconds_per_iteration": 2.0,
+                "advantage_seconds_per_iteration": 0.0061, "rest_seconds_per_iteration": 1.25,
+                "rows_per_iteration": 512.4, "held_out_success_last3": 0.8125, "load": [2.1, 2.34],
+                "policy_params": 101_234} | more
+    (res / "bench_estimator_cost.json").write_text(json.dumps({
+        "benchmark": "bench_estimator_cost", "command": "python benchmarks/bench_estimator_cost.py",
+        "commit": "abc1234", "date": "2026-01-02", "machine": "test box",
+        "figures": {"condition": "h12", "seed": 600, "arms": {
+            "GRPO": arm(800.0, 3.3), "PPO": arm(1200.4, 4.5, critic_params=100_000)}}}))
+    rows = gen_results.cost_table().splitlines()
+    assert rows[2] == ("| GRPO | 800 | \u2014 | 3.80 (3.30) | 2.00 | 0.0061 | 1.25 | 512 | 0.812 | 101,234 | "
+                       "2.10 \u2192 2.34 |")
+    assert rows[3] == ("| PPO | 1,200 | +400 MB (+50 %) | 5.00 (4.50) | 2.00 | 0.0061 | 1.25 | 512 | 0.812 | "
+                       "101,234 + critic 100,000 | 2.10 \u2192 2.34 |")
+    assert rows[-1] == ("Cell `h12`, seed 600, 10 iterations, one run per arm in turn from one warm-up: "
+                        "`python benchmarks/bench_estimator_cost.py` at commit abc1234, 2026-01-02, `test box`.")
+    assert ("| peak RSS GRPO 800, PPO 1,200 MB; training CPU s per iteration 3.30 / 4.50 (`h12`, seed 600, one run "
+            "each) |") in gen_results.headline_table()
 
 
 # ------------------------------------------------------------------------------------- README's report screenshot

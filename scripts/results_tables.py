@@ -1,0 +1,168 @@
+"""The tables of ``scripts/gen_results.py`` that read the map, the headline and the estimator cost benchmark, as pure
+functions of the loaded results (``map.json``, ``learning.json``, ``bench_estimator_cost.json``): ``gen_results``
+loads the files and places the text; here every figure of a row is formatted and every missing one says "pending".
+
+Which arms a map cell has comes from ``benchmarks/learning/settings.py`` (``CONDITIONS[cell]["arms"]``, else every
+arm of ``ARMS``), the rule ``map.py`` uses for ``pending``, so an arm pre-registered after a cell's ``map.json``
+was written reads "pending" there, and an arm the cell leaves out reads "not an arm".
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from learning.settings import ARMS, CONDITIONS, HEADLINE_SEEDS, MAP_SEEDS  # noqa: E402
+
+MINUS = "\u2212"
+PENDING = "pending"
+MAP_CELLS = {  # cell -> its label in the tables
+    "h6": "`h6` (6 rooms)", "h12": "`h12` (12 rooms; exact anchors; diffuse failure)", "h24": "`h24` (24 rooms)",
+    "clock": "`clock` (nuisance, exact anchors)", "clock_sim": "`clock_sim` (nuisance, similarity 0.9)",
+    "clock_hook": "`clock_hook` (nuisance, `anchor_state()`)", "trap": "`trap` (12 rooms, trap door)",
+}
+MAP_ARMS = ("GiGPO", "HGPO", "GraphGPO", "G2PO", "RLOO", "PPO")
+# benchmarks/experiments/baselines_arm.md: the primary comparisons, then the secondary ones
+BASELINE_PAIRS = ("RLOO-GRPO", "PPO-GRPO", "PPO-GiGPO", "PPO-G2PO", "RLOO-GiGPO")
+LEARNING_PAIRS = ("GiGPO-GRPO", "HGPO-GRPO", "GraphGPO-GRPO", "HGPO-GiGPO", "GraphGPO-GiGPO", "G2PO-GRPO",
+                  "G2PO-GraphGPO", "G2PO-GiGPO") + BASELINE_PAIRS
+COST_COMMAND = "python benchmarks/bench_estimator_cost.py"
+
+
+def signed(x: float, digits: int = 1) -> str:
+    """``+3.0`` / ``−1.9`` (a true minus sign), ``0.0`` for zero."""
+    text = f"{x:+.{digits}f}"
+    if float(text) == 0:
+        return f"{0:.{digits}f}"
+    return text.replace("-", MINUS)
+
+
+def gap(g: dict, unit: str = "") -> str:
+    """``+3.0 pp [−1.9, +7.8]`` from a gap entry (``gap_pp``, ``ci95_pp``)."""
+    lo, hi = g["ci95_pp"]
+    return f"{signed(g['gap_pp'])}{unit} [{signed(lo)}, {signed(hi)}]"
+
+
+def seed_range(seeds: list[int]) -> str:
+    return f"{min(seeds)}-{max(seeds)}"
+
+
+def cell_arms(cell: str) -> tuple[str, ...]:
+    """The arms pre-registered for map cell ``cell`` (GRPO included)."""
+    return tuple(CONDITIONS[cell].get("arms", ARMS))
+
+
+def pair_label(pair: str) -> str:
+    return f" {MINUS} ".join(pair.split("-"))
+
+
+def cell_gap(m: dict, cell: str, pair: str) -> str:
+    """The paired gap ``pair`` ("X-Y") of map cell ``cell`` from ``map.json`` ``m`` (``gaps_to_grpo`` for "X-GRPO",
+    else ``gaps_between``): the gap with its interval; "not an arm" when X is none of the cell's arms, "no Y arm"
+    when Y is none; "pending" until the cell's report has it."""
+    x, y = pair.split("-")
+    if x not in cell_arms(cell):
+        return "not an arm"
+    if y not in cell_arms(cell):
+        return f"no {y} arm"
+    g = (m["gaps_to_grpo"].get(cell, {}).get(x) if y == "GRPO"
+         else m.get("gaps_between", {}).get(cell, {}).get(pair))
+    return gap(g) if g else PENDING
+
+
+def map_table(m: dict) -> str:
+    """The map page's table: every arm's gap to GRPO in every cell."""
+    rows = ["| cell | " + " | ".join(f"{arm} {MINUS} GRPO" for arm in MAP_ARMS) + " |",
+            "|---" * (len(MAP_ARMS) + 1) + "|"]
+    for cell, label in MAP_CELLS.items():
+        rows.append(f"| {label} | " + " | ".join(cell_gap(m, cell, f"{arm}-GRPO") for arm in MAP_ARMS) + " |")
+    return "\n".join(rows)
+
+
+def baselines_table(m: dict, learning: dict) -> str:
+    """RLOO's and PPO's pre-registered comparisons per map cell (``map.json`` ``m``) and on the headline seeds
+    (``learning.json``'s ``gaps``): held-out success sampled at T = 1, mean of the last 3 evaluations."""
+    heads = [pair_label(p) + (" (primary)" if p.endswith("-GRPO") else "") for p in BASELINE_PAIRS]
+    rows = ["| cell | seeds | " + " | ".join(heads) + " |", "|---|---" + "|---" * len(BASELINE_PAIRS) + "|"]
+    for cell, label in MAP_CELLS.items():
+        rows.append(f"| {label} | {seed_range(MAP_SEEDS)} | "
+                    + " | ".join(cell_gap(m, cell, p) for p in BASELINE_PAIRS) + " |")
+    gaps = learning["gaps"]
+    rows.append(f"| headline corridor (12 rooms) | {seed_range(HEADLINE_SEEDS)} | " + " | ".join(
+        gap(gaps[f"{p}/T=1"]) if f"{p}/T=1" in gaps else PENDING for p in BASELINE_PAIRS) + " |")
+    return "\n".join(rows)
+
+
+def learning_table(gaps: dict) -> str:
+    """The headline page's table: every pair's gap in the three metrics, "pending" until ``learning.json`` has it."""
+    rows = ["| gap | held-out success, sampled T = 1 (primary) | AUC, T = 1 | greedy |", "|---|---|---|---|"]
+    for pair in LEARNING_PAIRS:
+        if pair + "/T=1" not in gaps:
+            rows.append(f"| {pair_label(pair)} | {PENDING} | {PENDING} | {PENDING} |")
+            continue
+        rows.append(f"| {pair_label(pair)} | {gap(gaps[pair + '/T=1'])} | {gap(gaps[pair + '/AUC T=1'])} | "
+                    f"{gap(gaps[pair + '/greedy'])} |")
+    return "\n".join(rows)
+
+
+def arm_cells(cells: dict, arm: str) -> str:
+    """``arm``'s range of gaps to GRPO over the map's cells (``map.json``'s ``gaps_to_grpo``), in how many of the
+    cells it is an arm of, and whether every interval lies above, below or across 0; "ARM pending" before any."""
+    g = [v[arm] for v in cells.values() if arm in v]
+    if not g:
+        return f"{arm} {PENDING}"
+    of = sum(arm in cell_arms(c) for c in MAP_CELLS)
+    where = f"all {len(g)}" if len(g) == of else f"{len(g)} of {of}"
+    lows, highs = [x["ci95_pp"][0] for x in g], [x["ci95_pp"][1] for x in g]
+    side = (", every interval above 0" if min(lows) > 0 else ", every interval below 0" if max(highs) < 0
+            else ", every interval across 0" if all(lo <= 0 <= hi for lo, hi in zip(lows, highs)) else "")
+    return (f"{arm} {signed(min(x['gap_pp'] for x in g))} to {signed(max(x['gap_pp'] for x in g))} in {where} "
+            f"cells{side}")
+
+
+# ------------------------------------------------------------------------------------------ estimator cost
+def cost_missing() -> str:
+    return (f"Not recorded yet: `{COST_COMMAND}` writes `benchmarks/results/bench_estimator_cost.json`, and this "
+            "table is generated from it.")
+
+
+def cost_table(result: dict | None) -> str:
+    """Per arm of ``bench_estimator_cost.json`` (``result``; ``None``: not recorded): peak resident memory, its
+    difference to GRPO's, seconds per training iteration and their split, rows, held-out success, model sizes and
+    the machine load; then the run's cell, seed, command, commit, date and machine."""
+    if result is None:
+        return cost_missing()
+    f = result["figures"]
+    arms = f["arms"]
+    base = arms.get("GRPO", {}).get("peak_rss_mb")
+    rows = ["| arm | peak RSS (MB) | vs GRPO | training s / iteration: wall (CPU) | rollout | advantages | rest | "
+            "rows / iteration | held-out success | parameters | load before → after |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        vs = ("—" if base is None or arm == "GRPO"
+              else f"{signed(a['peak_rss_mb'] - base, 0)} MB ({signed(100 * (a['peak_rss_mb'] / base - 1), 0)} %)")
+        params = f"{a['policy_params']:,}" + (f" + critic {a['critic_params']:,}" if "critic_params" in a else "")
+        rows.append(f"| {arm} | {a['peak_rss_mb']:,.0f} | {vs} | {a['train_wall_seconds_per_iteration']:.2f} "
+                    f"({a['train_cpu_seconds_per_iteration']:.2f}) | {a['rollout_seconds_per_iteration']:.2f} | "
+                    f"{a['advantage_seconds_per_iteration']:.4f} | {a['rest_seconds_per_iteration']:.2f} | "
+                    f"{a['rows_per_iteration']:,.0f} | {a['held_out_success_last3']:.3f} | {params} | "
+                    f"{a['load'][0]:.2f} → {a['load'][1]:.2f} |")
+    iters = {a.get("iterations") for a in arms.values()} - {None}
+    rows += ["", f"Cell `{f['condition']}`, seed {f['seed']}"
+                 + (f", {', '.join(map(str, sorted(iters)))} iterations" if iters else "")
+                 + f", one run per arm in turn from one warm-up: `{result['command']}` at commit {result['commit']}, "
+                   f"{result['date']}, `{result['machine']}`."]
+    return "\n".join(rows)
+
+
+def cost_row(result: dict | None) -> str:
+    """README's headline cell of the cost benchmark: each arm's peak memory and training CPU s per iteration."""
+    if result is None:
+        return f"{PENDING} (`{COST_COMMAND}` not recorded yet)"
+    f = result["figures"]
+    arms = f["arms"]
+    peaks = ", ".join(f"{arm} {a['peak_rss_mb']:,.0f}" for arm, a in arms.items())
+    cpu = " / ".join(f"{a['train_cpu_seconds_per_iteration']:.2f}" for a in arms.values())
+    return (f"peak RSS {peaks} MB; training CPU s per iteration {cpu} (`{f['condition']}`, seed {f['seed']}, "
+            "one run each)")
