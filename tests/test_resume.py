@@ -2,6 +2,7 @@
 (same tasks rolled out, same advantages, same weights within a CPU tolerance)."""
 
 import copy
+import json
 from functools import partial
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 from conftest import tiny_run_config
 from toy_env import NoisyLineWalkEnv
-from transformers import TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from gigpo_trl import GiGPOTrainer
 from gigpo_trl.config import scrubbed_tokens
@@ -55,9 +56,22 @@ def weights(model):
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def build(tiny_model_dir, tiny_tokenizer, output_dir, callbacks=None):
-    return GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(output_dir),
+def build(tiny_model_dir, tiny_tokenizer, output_dir, callbacks=None, **overrides):
+    return GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=make_args(output_dir, **overrides),
                         processing_class=tiny_tokenizer, callbacks=callbacks)
+
+
+def count_rollouts(trainer):
+    """The global step at each of the trainer's rollouts from now on (its collector's ``collect`` calls)."""
+    steps = []
+    collect = trainer.collector.collect
+
+    def counted(*args, **kwargs):
+        steps.append(trainer.state.global_step)
+        return collect(*args, **kwargs)
+
+    trainer.collector.collect = counted
+    return steps
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +120,63 @@ def test_resume_matches_uninterrupted(k, tmp_path, tiny_model_dir, tiny_tokenize
                                    processing_class=tiny_tokenizer).model)
     assert any(not torch.allclose(initial[n], final[n]) for n in final)
     assert np.isfinite(resumed.state.log_history[-1]["train_loss"])
+
+
+# Two whole iterations (4 steps, rollouts before steps 1 and 3), a checkpoint every step. A constant learning rate:
+# with the default linear decay an optimizer step at max_steps has lr 0 and could not show in the weights.
+WHOLE = dict(max_steps=4, lr_scheduler_type="constant")
+
+
+@pytest.fixture(scope="module")
+def whole_iterations(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    out = tmp_path_factory.mktemp("run-whole")
+    trainer = build(tiny_model_dir, tiny_tokenizer, out, **WHOLE)
+    steps = count_rollouts(trainer)
+    trainer.train()
+    assert steps == [0, 2] and trainer.state.global_step == 4
+    trainer.collector.close()
+    return out
+
+
+# A run resumed from its checkpoint at max_steps (it finished, or was cut right after its last checkpoint) has
+# nothing left to train: no rollout (minutes with a real model), no optimizer step, no step logged, no checkpoint.
+# "whole": the checkpoint ends an iteration (nothing buffered: a step would roll out); "mid": max_steps=3 ends
+# inside an iteration (its second half buffered: a step would train on it again).
+@pytest.mark.xfail(strict=True, reason="Trainer runs one more step when resumed at max_steps")
+@pytest.mark.parametrize("case", ["whole", "mid"])
+def test_resume_at_max_steps_trains_nothing(case, tmp_path, tiny_model_dir, tiny_tokenizer, whole_iterations,
+                                            uninterrupted):
+    folder, overrides = (whole_iterations, WHOLE) if case == "whole" else (uninterrupted[0], {})
+    max_steps = overrides.get("max_steps", 3)
+    checkpoint = folder / f"checkpoint-{max_steps}"
+    saved_log = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    resumed = build(tiny_model_dir, tiny_tokenizer, tmp_path / "resumed", **overrides)
+    steps = count_rollouts(resumed)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert steps == []
+    assert resumed.state.global_step == max_steps
+    # the series is the checkpoint's; only Trainer's end-of-train summary follows (no step's metrics)
+    log = resumed.state.log_history
+    assert log[:-1] == saved_log and "train_runtime" in log[-1] and log[-1]["step"] == max_steps
+    assert not {"loss", "episode/success_rate", "rollout/rows"} & set(log[-1])
+    assert not list((tmp_path / "resumed").glob("checkpoint-*"))
+    saved = dict(AutoModelForCausalLM.from_pretrained(checkpoint).named_parameters())
+    for name, value in resumed.model.named_parameters():
+        assert torch.equal(value, saved[name]), name
+
+
+# Resumed mid-run, the run rolls out exactly the iterations left: k=2 ends the first iteration (the second one's
+# rollout is due at step 2), k=1 and k=3 fall inside an iteration (its buffered batch is trained on, no rollout).
+@pytest.mark.parametrize("k, rollouts", [(2, [2]), (1, [2]), (3, [])])
+def test_resume_mid_run_rolls_out_the_iterations_left(k, rollouts, tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                      whole_iterations):
+    resumed = build(tiny_model_dir, tiny_tokenizer, tmp_path / "resumed", **WHOLE)
+    steps = count_rollouts(resumed)
+    resumed.train(resume_from_checkpoint=str(whole_iterations / f"checkpoint-{k}"))
+    assert steps == rollouts
+    assert resumed.state.global_step == 4
+    trained = [e["step"] for e in resumed.state.log_history if "loss" in e]
+    assert trained == list(range(1, 5)), "each step trained and logged once"
 
 
 def test_hub_token_never_written_or_logged(tmp_path, tiny_model_dir, tiny_tokenizer, capsys, caplog):
