@@ -1,19 +1,21 @@
 """Checkpoint, resume and model-card behaviour of :class:`~gigpo_trl.trainer.GiGPOTrainer` (a mixin).
 
-Three things on top of TRL/Trainer's own checkpointing:
+Four things on top of TRL/Trainer's own checkpointing:
 
 - **rollout position**: TRL keeps its place in the generation cycle in the micro-step counter and the buffered
   generation batch (see :func:`gigpo_trl.trl_compat.rollout_position`); they are saved per process as
   ``gigpo_rollout_state_<rank>.pt`` next to Trainer's files and restored on resume, so a resumed run continues the
   cycle instead of regenerating at once; a resume with another number of processes is refused
   (:func:`check_checkpoint_world_size`).
+- **nothing left, nothing run**: a run resumed from a checkpoint at (or past) ``max_steps`` trains no step: no
+  rollout, no optimizer step, no step logged, no checkpoint written (:meth:`CheckpointMixin._init_training_state`).
 - **token scrub**: the config file that Trainer writes (``training_args.bin``) and pushes carries no Hub token
   (:func:`gigpo_trl.config.scrubbed_tokens`), while the live config keeps it.
 - **base model's name**: TRL's and PEFT's cards and the saved adapter's ``adapter_config.json`` name the base model
   by its Hub id, not a local cache path (:func:`gigpo_trl.models.hub_model_id`).
 
-The overridden hooks (``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``, ``_load_optimizer_and_scheduler``)
-are TRL/Trainer private methods, listed with their contract tests in :mod:`gigpo_trl.trl_compat`.
+The overridden hooks (``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``, ``_init_training_state``,
+``_load_optimizer_and_scheduler``) are TRL/Trainer private methods, listed with their contract tests in :mod:`gigpo_trl.trl_compat`.
 """
 
 from __future__ import annotations
@@ -118,6 +120,20 @@ class CheckpointMixin:
     def _push_from_checkpoint(self, checkpoint_folder):
         with scrubbed_tokens():
             super()._push_from_checkpoint(checkpoint_folder)
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        """Trainer's ``(epochs trained, micro-steps trained in the epoch)`` once the checkpoint's state is loaded,
+        which bound its epoch loop; all ``num_train_epochs`` (no step left) when the state is at or past
+        ``max_steps``. Trainer counts ``global_step // num_update_steps_per_epoch`` epochs as trained and stops only
+        after a step (``DefaultFlowCallback.on_step_end``), so where ``max_steps`` ends inside an epoch it ran one
+        more step: a rollout (the checkpoint ends an iteration, nothing buffered) or a repeat of the buffered
+        batch, an optimizer step, its log and a checkpoint past ``max_steps``."""
+        trained = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                               resume_from_checkpoint, trial)
+        if resume_from_checkpoint is not None and self.state.global_step >= max_steps:
+            return num_train_epochs, 0
+        return trained
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is not None:

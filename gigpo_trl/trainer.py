@@ -12,8 +12,8 @@ two are mixins because they override TRL / Trainer hooks:
 - :mod:`gigpo_trl.critic` (mixin, ``compute_loss``, ``_save``, ``_save_checkpoint``,
   ``_load_optimizer_and_scheduler``): ``estimator="ppo"``'s critic, GAE advantages, its loss, step and checkpoints;
 - :mod:`gigpo_trl.checkpoint` (mixin, ``_save_checkpoint``, ``_save``, ``_push_from_checkpoint``,
-  ``_load_optimizer_and_scheduler``, ``create_model_card``): rollout position in checkpoints, token scrub, model
-  card;
+  ``_init_training_state``, ``_load_optimizer_and_scheduler``, ``create_model_card``): rollout position in
+  checkpoints, no step on a resume at ``max_steps``, token scrub, model card;
 - :mod:`gigpo_trl.checks.inputs`: environment, dataset and prompt-limit checks at init;
 - :mod:`gigpo_trl.rollout.dynamic_sampling`: DAPO's dynamic sampling of flat task groups;
 - :mod:`gigpo_trl.generation.contexts`: ZeRO-3 gathering once per rollout, evaluation sampling;

@@ -19,6 +19,7 @@ private name                                                 use       contract 
 ``Trainer._save(output_dir, state_dict)``                    hook      ``test_checkpoint_hooks``
 ``Trainer._push_from_checkpoint(checkpoint_folder)``         hook      ``test_checkpoint_hooks``
 ``GRPOTrainer._load_optimizer_and_scheduler(checkpoint)``    hook      ``test_checkpoint_hooks``
+``Trainer._init_training_state(...)``: epochs trained        hook      ``test_checkpoint_hooks``
 ``Trainer._get_output_dir(trial)``                           call      ``test_get_output_dir``
 ``GRPOTrainer._step``                                        r/w       ``test_rollout_position``
 ``GRPOTrainer._buffered_inputs``                             r/w       ``test_rollout_position``
@@ -79,6 +80,7 @@ OVERRIDDEN_HOOKS = (
     "_save",  # Trainer.save_model: weights + training_args.bin (torch.save(self.args))
     "_push_from_checkpoint",  # Trainer._save_checkpoint with push_to_hub: uploads the folder, args included
     "_load_optimizer_and_scheduler",  # Trainer._inner_training_loop on resume, after the weights
+    "_init_training_state",  # Trainer._inner_training_loop: loads the state; (epochs, micro-steps) already trained
     "_prepare_inputs",  # Trainer.training_step, once per micro-step: generates / buffers / slices a micro-batch
     "_get_per_token_logps_and_entropies",  # _compute_loss and scoring: every forward over rows (shared prefixes)
 )

@@ -142,7 +142,6 @@ def whole_iterations(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
 # nothing left to train: no rollout (minutes with a real model), no optimizer step, no step logged, no checkpoint.
 # "whole": the checkpoint ends an iteration (nothing buffered: a step would roll out); "mid": max_steps=3 ends
 # inside an iteration (its second half buffered: a step would train on it again).
-@pytest.mark.xfail(strict=True, reason="Trainer runs one more step when resumed at max_steps")
 @pytest.mark.parametrize("case", ["whole", "mid"])
 def test_resume_at_max_steps_trains_nothing(case, tmp_path, tiny_model_dir, tiny_tokenizer, whole_iterations,
                                             uninterrupted):

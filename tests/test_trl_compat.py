@@ -80,7 +80,7 @@ def test_signature_columns_hook(trainer):
 
 
 @pytest.mark.parametrize("hook", ["_save_checkpoint", "_save", "_push_from_checkpoint",
-                                  "_load_optimizer_and_scheduler"])
+                                  "_load_optimizer_and_scheduler", "_init_training_state"])
 def test_checkpoint_hooks(hook):
     assert hook in trl_compat.OVERRIDDEN_HOOKS
     with contract(f"Trainer.{hook}"):
@@ -88,6 +88,11 @@ def test_checkpoint_hooks(hook):
                    if f"self.{hook}(" in source(fn) and name != hook]
         assert callers, f"no method of transformers.Trainer calls self.{hook}(...) any more"
         assert params(getattr(GRPOTrainer, hook)) == params(getattr(GiGPOTrainer, hook))
+    if hook == "_init_training_state":  # its epochs trained bound the epoch loop: all of them, no step is run
+        with contract("Trainer._inner_training_loop's epoch loop from _init_training_state's epochs"):
+            loop = source(Trainer._inner_training_loop)
+            assert "epochs_trained, steps_trained_in_current_epoch = self._init_training_state(" in loop
+            assert "for epoch in range(epochs_trained, num_train_epochs):" in loop
     if hook == "_save":  # the token scrub relies on _save being where the config file is written
         with contract("Trainer._save writes training_args.bin"):
             assert "TRAINING_ARGS_NAME" in source(Trainer._save)
