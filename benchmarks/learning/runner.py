@@ -224,13 +224,10 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         print(f"  seed {seed} {arm}: resuming from {checkpoint} (iteration {len(kept_progress)})", flush=True)
     cb.t_start, cb.c_start = time.perf_counter(), time.process_time()
     start = kept_evals[0] if kept_evals else cb.evaluate(0, greedy=True)
-    if checkpoint and len(kept_progress) == a.iterations:
-        # cut after its last checkpoint: nothing left to train (a resumed train() there logged one more rollout's
-        # metrics, not looked into), so the series is the checkpoint's
-        log_history = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["log_history"]
-    else:
-        trainer.train(resume_from_checkpoint=checkpoint)
-        log_history = trainer.state.log_history
+    # a run cut after its last checkpoint resumes there with nothing left: train() runs no step (no rollout; see
+    # gigpo_trl.checkpoint) and the series is the checkpoint's log history
+    trainer.train(resume_from_checkpoint=checkpoint)
+    log_history = trainer.state.log_history
     wall, cpu = cb.totals()
     series = iteration_series(log_history)
     trainer.collector.close()
