@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
     from learning.settings import ARMS
-    from results_io import is_default_run, write_result
+    from results_io import write_result
 
     unknown = [arm for arm in a.arms if arm not in ARMS]
     if unknown:
@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
               f", advantages {f['advantage_seconds_per_iteration']:.4f}, rest {f['rest_seconds_per_iteration']:.2f}) | "
               f"{f['rows_per_iteration']:.0f} rows | held-out success {f['held_out_success_last3']:.3f} | load "
               f"{f['load'][0]:.1f} -> {f['load'][1]:.1f}", flush=True)
-    write_result("bench_estimator_cost", figures, recorded=is_default_run(parser, a))
+    # the record: the default cell, seed and arms, wherever the runs' folders were kept
+    recorded = {**vars(a), "output_dir": None} == {**vars(parser.parse_args([])), "output_dir": None}
+    write_result("bench_estimator_cost", figures, recorded=recorded)
     return 0
 
 
