@@ -46,14 +46,22 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def machine() -> str:
-    """CPU model, cores, memory and load average of this machine, in one line."""
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor or machine string. Runs on another CPU
+    model are not bit-for-bit the same (other float kernels): the learning benchmark records it with every run."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """CPU model, cores, memory and load average of this machine, in one line."""
+    model = cpu_model()
+    try:
         mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemTotal"))
         memory = f", {mem_kb / 2**20:.0f} GiB"

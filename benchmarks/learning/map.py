@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from results_io import provenance
 
-from .settings import ARMS, CONDITIONS, MAP_AXES, MAP_AXIS_LABELS
+from .settings import ARM_COLORS, ARMS, CONDITIONS, MAP_AXES, MAP_AXIS_LABELS
 from .statistics import METRICS, PRIMARY_METRIC
 
 BETWEEN = ("G2PO-GraphGPO", "G2PO-GiGPO", "PPO-GiGPO", "PPO-G2PO", "RLOO-GiGPO")  # map.json's gaps_between: pairs of arms other than the gap to GRPO
@@ -87,8 +87,7 @@ def plot_map(gaps: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"GiGPO": "tab:blue", "HGPO": "tab:green", "GraphGPO": "tab:red", "G2PO": "tab:purple", "RLOO": "tab:brown",
-              "PPO": "tab:gray"}
+    colors = ARM_COLORS
     arms = [arm for arm in ARMS if arm != "GRPO"]
     fig, axes = plt.subplots(1, len(MAP_AXES), figsize=(5 * len(MAP_AXES), 4.2), sharey=True)
     for ax, (axis, conds) in zip(axes, MAP_AXES.items()):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 from results_io import provenance
 
-from .settings import ARMS, HEADLINE_SEEDS, MAP_SEEDS
+from .settings import ARM_COLORS, ARMS, HEADLINE_SEEDS, MAP_SEEDS
 from .statistics import METRICS, PRIMARY_METRIC, SIZE_BINS, T975, bin_label, gap_stats
 from .warmup import warmup_line
 
@@ -95,8 +95,7 @@ def plot(results, seeds, arms, a, path):
         print("matplotlib not installed (pip install matplotlib): no plot")
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    colors = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green", "GraphGPO": "tab:red",
-              "G2PO": "tab:purple"}
+    colors = ARM_COLORS
 
     def band(ax, xs, ys, color, label):
         ys = np.asarray(ys, dtype=float)

@@ -17,6 +17,7 @@ import torch
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
 from gigpo_trl.models import hub_model_id
 from gigpo_trl.observers import RolloutObserver
+from results_io import cpu_model
 
 from . import progress
 from .map import map_report
@@ -263,6 +264,7 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         "cpu_seconds": cpu, "eval_cpu_seconds": cb.eval_cpu_seconds,
         "train_cpu_seconds_per_iteration": (cpu - cb.eval_cpu_seconds) / a.iterations,
         "peak_rss_mb": progress.peak_rss_mb(), "resumed_from": checkpoint,
+        "cpu_model": cpu_model(),  # another CPU model computes other floats: starts compare only on the same one
         "series": series, "anchor_phases": anchor_phases,
     }
     sampled = " ".join(f"{p['sampled']:.2f}" for p in points)
@@ -432,6 +434,8 @@ def same_start(results, new_arms, reference="GRPO", new_warmups=None, recorded_w
                 continue
             diff = {f"iteration 0 {k}": [run["points"][0].get(k), ref["points"][0].get(k)]
                     for k in ("sampled", "greedy") if run["points"][0].get(k) != ref["points"][0].get(k)}
+            if run.get("cpu_model") and ref.get("cpu_model") and run["cpu_model"] != ref["cpu_model"]:
+                diff["cpu model"] = [run["cpu_model"], ref["cpu_model"]]
             new_w, old_w = (new_warmups or {}).get(str(seed)), (recorded_warmups or {}).get(str(seed))
             if new_w and old_w:
                 diff |= {f"warm-up {k}": [new_w.get(k), old_w.get(k)] for k in WARMUP_FIGURES

@@ -29,6 +29,11 @@ ARMS = {
 }
 
 
+# One colour per arm in every figure (the learning curves, the map).
+ARM_COLORS = {"GiGPO": "tab:blue", "GRPO": "tab:orange", "HGPO": "tab:green", "GraphGPO": "tab:red",
+              "G2PO": "tab:purple", "RLOO": "tab:brown", "PPO": "tab:gray"}
+
+
 # Fixed before the headline run; never used for a design run (the budget's design run uses DESIGN_SEEDS, the
 # warm-up was checked on 1, 2 and 100-103).
 HEADLINE_SEEDS = [200, 201, 202, 203, 204, 205, 206, 207, 208, 209]
