@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import results_tables as tables
-from results_tables import MAP_ARMS, MAP_CELLS, MINUS, gap, signed  # noqa: F401  (the tests read them here)
+from results_tables import MAP_ARMS, MAP_CELLS, MINUS, gap, paired_gap, signed  # noqa: F401  (the tests read them here)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -36,9 +36,30 @@ def thousands(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def headline_gaps() -> dict:
+    """The headline's gaps (``learning.json``) with RLOO's and PPO's gaps to the GRPO re-run beside them
+    (``map_baselines/headline/learning.json``, benchmarks/experiments/baselines_arm.md) where that is recorded."""
+    gaps, b = dict(load("learning")["gaps"]), load_optional("map_baselines/headline/learning")
+    if b:
+        gaps |= {k: v for k, v in b["gaps"].items() if k.split("/")[0] in ("RLOO-GRPO", "PPO-GRPO")}
+    return gaps
+
+
+def headline_rerun() -> dict | None:
+    """GRPO re-run beside RLOO and PPO minus the recorded GRPO on the headline seeds (pp, paired by seed; primary
+    metric), or None before the re-run is recorded."""
+    b = load_optional("map_baselines/headline/learning")
+    if not b:
+        return None
+    new = {r["seed"]: r["headline_sampled"] for r in b["runs"] if r["arm"] == "GRPO"}
+    old = {r["seed"]: r["headline_sampled"] for r in load("learning")["runs"] if r["arm"] == "GRPO"}
+    seeds = sorted(set(new) & set(old))
+    return paired_gap(seeds, [100 * (new[s] - old[s]) for s in seeds]) if seeds else None
+
+
 # ------------------------------------------------------------------------------------------ README's headline rows
 def learning_row() -> str:
-    gaps = load("learning")["gaps"]
+    gaps = headline_gaps()
     first = gap(gaps["GiGPO-GRPO/T=1"], " pp").replace(" [", ", 95 % CI [")
     rest = "; ".join(f"{arm} {gap(gaps[f'{arm}-GRPO/T=1']) if f'{arm}-GRPO/T=1' in gaps else 'pending'}"
                      for arm in ("HGPO", "GraphGPO", "G2PO", "RLOO", "PPO"))
@@ -134,7 +155,7 @@ def map_table() -> str:
 
 
 def baselines_table() -> str:
-    return tables.baselines_table(load("map/map"), load("learning"))
+    return tables.baselines_table(load("map/map"), headline_gaps(), headline_rerun())
 
 
 def cost_table() -> str:
@@ -167,7 +188,7 @@ def g2po_table() -> str:
 
 
 def learning_table() -> str:
-    return tables.learning_table(load("learning")["gaps"])
+    return tables.learning_table(headline_gaps())
 
 
 def main_job_table() -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from learning.settings import ARMS, CONDITIONS, HEADLINE_SEEDS, MAP_SEEDS  # noqa: E402
+from learning.statistics import paired_gap  # noqa: E402,F401  (gen_results's headline re-run gap)
 
 MINUS = "\u2212"
 PENDING = "pending"
@@ -80,17 +81,21 @@ def map_table(m: dict) -> str:
     return "\n".join(rows)
 
 
-def baselines_table(m: dict, learning: dict) -> str:
+def baselines_table(m: dict, gaps: dict, headline_rerun: dict | None = None) -> str:
     """RLOO's and PPO's pre-registered comparisons per map cell (``map.json`` ``m``) and on the headline seeds
-    (``learning.json``'s ``gaps``): held-out success sampled at T = 1, mean of the last 3 evaluations."""
+    (``gaps``: the headline's, with the baselines' own folded in): held-out success sampled at T = 1, mean of the
+    last 3 evaluations; the last column is GRPO re-run beside them minus the recorded GRPO (``m["baselines"]``,
+    ``headline_rerun``: the same paired gap on the headline seeds), "pending" until run."""
     heads = [pair_label(p) + (" (primary)" if p.endswith("-GRPO") else "") for p in BASELINE_PAIRS]
-    rows = ["| cell | seeds | " + " | ".join(heads) + " |", "|---|---" + "|---" * len(BASELINE_PAIRS) + "|"]
+    heads.append(f"GRPO re-run {MINUS} recorded")
+    rows = ["| cell | seeds | " + " | ".join(heads) + " |", "|---|---" + "|---" * len(heads) + "|"]
     for cell, label in MAP_CELLS.items():
+        rerun = (m.get("baselines", {}).get(cell) or {}).get("grpo_rerun_minus_recorded")
         rows.append(f"| {label} | {seed_range(MAP_SEEDS)} | "
-                    + " | ".join(cell_gap(m, cell, p) for p in BASELINE_PAIRS) + " |")
-    gaps = learning["gaps"]
+                    + " | ".join(cell_gap(m, cell, p) for p in BASELINE_PAIRS) + f" | {gap(rerun) if rerun else PENDING} |")
     rows.append(f"| headline corridor (12 rooms) | {seed_range(HEADLINE_SEEDS)} | " + " | ".join(
-        gap(gaps[f"{p}/T=1"]) if f"{p}/T=1" in gaps else PENDING for p in BASELINE_PAIRS) + " |")
+        gap(gaps[f"{p}/T=1"]) if f"{p}/T=1" in gaps else PENDING for p in BASELINE_PAIRS)
+        + f" | {gap(headline_rerun) if headline_rerun else PENDING} |")
     return "\n".join(rows)
 
 

@@ -142,6 +142,7 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
     m["gaps_to_grpo"]["h12"] |= {"RLOO": rloo, "PPO": ppo}
     m["gaps_between"]["h12"] |= {"PPO-GiGPO": {"gap_pp": -4.9, "ci95_pp": [-8.1, -1.7]}, "RLOO-GiGPO": rloo}
     m["pending"] = {}
+    m["baselines"] = {"h12": {"grpo_rerun_minus_recorded": {"gap_pp": 1.5, "ci95_pp": [-0.5, 3.5]}}}
     (res / "map" / "map.json").write_text(json.dumps(m))
     learning = json.loads((res / "learning.json").read_text())
     learning["gaps"] |= {"RLOO-GRPO/T=1": rloo, "RLOO-GRPO/AUC T=1": ppo, "RLOO-GRPO/greedy": rloo}
@@ -149,13 +150,13 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
 
     rows = gen_results.baselines_table().splitlines()
     assert rows[0] == ("| cell | seeds | RLOO \u2212 GRPO (primary) | PPO \u2212 GRPO (primary) | PPO \u2212 GiGPO | "
-                       "PPO \u2212 G2PO | RLOO \u2212 GiGPO |")
+                       "PPO \u2212 G2PO | RLOO \u2212 GiGPO | GRPO re-run \u2212 recorded |")
     assert rows[3] == ("| `h12` (12 rooms; exact anchors; diffuse failure) | 600-607 | +0.4 [\u22122.0, +2.8] | "
                        "\u22123.2 [\u22126.0, \u22120.5] | \u22124.9 [\u22128.1, \u22121.7] | pending | "
-                       "+0.4 [\u22122.0, +2.8] |")
-    assert rows[2] == "| `h6` (6 rooms) | 600-607 | pending | pending | pending | pending | pending |"
+                       "+0.4 [\u22122.0, +2.8] | +1.5 [\u22120.5, +3.5] |")
+    assert rows[2] == "| `h6` (6 rooms) | 600-607 | pending | pending | pending | pending | pending | pending |"
     assert rows[-1] == ("| headline corridor (12 rooms) | 200-209 | +0.4 [\u22122.0, +2.8] | pending | pending | "
-                        "pending | pending |")
+                        "pending | pending | pending |")
     table = gen_results.map_table().splitlines()
     assert table[0].endswith("| G2PO \u2212 GRPO | RLOO \u2212 GRPO | PPO \u2212 GRPO |")
     assert table[3].endswith("| +0.4 [\u22122.0, +2.8] | \u22123.2 [\u22126.0, \u22120.5] |")  # h12
@@ -169,6 +170,28 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
     assert ("; RLOO +0.4 to +0.4 in 1 of 7 cells, every interval across 0; PPO \u22123.2 to \u22123.2 in 1 of 7 "
             "cells, every interval below 0 |") in headline
     assert "| pending (`python benchmarks/bench_estimator_cost.py` not recorded yet) |" in headline
+
+
+def test_headline_baselines_come_from_their_own_grpo_rerun(tmp_path, monkeypatch):
+    """The headline's RLOO and PPO gaps are read from map_baselines/headline (paired with the GRPO re-run there),
+    and that GRPO is compared with the recorded one seed by seed; nothing else of that report is folded in."""
+    res = _results_copy(tmp_path, monkeypatch)
+    recorded = {r["seed"]: r["headline_sampled"] for r in gen_results.load("learning")["runs"] if r["arm"] == "GRPO"}
+    ppo = {"gap_pp": -2.5, "ci95_pp": [-4.0, -1.0]}
+    (res / "map_baselines" / "headline").mkdir(parents=True)
+    (res / "map_baselines" / "headline" / "learning.json").write_text(json.dumps({
+        "gaps": {"PPO-GRPO/T=1": ppo, "GiGPO-GRPO/T=1": {"gap_pp": 99.0, "ci95_pp": [98.0, 100.0]}},
+        "runs": [{"arm": "GRPO", "seed": 200, "headline_sampled": recorded[200] + 0.05},
+                 {"arm": "GRPO", "seed": 201, "headline_sampled": recorded[201] - 0.01}]}))
+    gaps = gen_results.headline_gaps()
+    assert gaps["PPO-GRPO/T=1"] == ppo and gaps["GiGPO-GRPO/T=1"]["gap_pp"] != 99.0
+    rerun = gen_results.headline_rerun()
+    assert rerun["per_seed_pp"] == pytest.approx({"200": 5.0, "201": -1.0}) and rerun["gap_pp"] == pytest.approx(2.0)
+    # sd of (5, -1) = 4.243, half-width 12.706 * 4.243 / sqrt(2) = 38.12
+    assert rerun["ci95_pp"] == pytest.approx([2.0 - 38.12, 2.0 + 38.12], abs=0.01)
+    assert gen_results.baselines_table().splitlines()[-1] == (
+        "| headline corridor (12 rooms) | 200-209 | pending | \u22122.5 [\u22124.0, \u22121.0] | pending | pending | "
+        "pending | +2.0 [\u221236.1, +40.1] |")
 
 
 def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):

@@ -383,6 +383,32 @@ def test_map_report_table_and_figure_from_cells(tmp_path):
     assert runner.main(["--map_report", "--map_dir", str(tmp_path / "empty")]) == 1
 
 
+def test_map_report_folds_the_baselines_paired_with_their_own_grpo(tmp_path):
+    """RLOO and PPO come from map_baselines/CELL (paired with a GRPO re-run beside them); nothing else of that report
+    replaces a recorded gap, and the re-run GRPO is compared with the recorded one seed by seed."""
+    def write(folder, d):
+        folder.mkdir(parents=True)
+        (folder / "learning.json").write_text(json.dumps(d))
+
+    gap = lambda m: {"gap_pp": m, "ci95_pp": [m - 1.0, m + 1.0]}  # noqa: E731
+    runs = lambda values, cpu=None: [{"arm": "GRPO", "seed": s, "headline_sampled": v, "cpu_model": cpu}  # noqa: E731
+                                     for s, v in values.items()]
+    write(tmp_path / "map" / "h6", {"seeds": settings.MAP_SEEDS, "is_map_cell": True,
+                                    "gaps": {"GiGPO-GRPO/T=1": gap(3.0)}, "runs": runs({600: 0.50, 601: 0.70})})
+    write(tmp_path / "map_baselines" / "h6", {
+        "seeds": [600, 601], "gaps": {"RLOO-GRPO/T=1": gap(0.5), "PPO-GRPO/T=1": gap(-2.0), "GiGPO-GRPO/T=1": gap(9.0)},
+        "runs": runs({600: 0.55, 601: 0.60}, cpu="Xeon")})
+    assert runner.main(["--map_report", "--map_dir", str(tmp_path / "map")]) == 0
+    d = json.loads((tmp_path / "map" / "map.json").read_text())
+    assert d["gaps_to_grpo"]["h6"] == {"GiGPO": gap(3.0), "RLOO": gap(0.5), "PPO": gap(-2.0)}
+    rerun = d["baselines"]["h6"]
+    assert rerun["cpu_models"] == ["Xeon"] and rerun["seeds"] == [600, 601]
+    # per seed (0.55 - 0.50, 0.60 - 0.70) in pp: +5, -10; mean -2.5; t(1) = 12.706, sd = 10.607, n = 2
+    assert rerun["grpo_rerun_minus_recorded"]["per_seed_pp"] == pytest.approx({"600": 5.0, "601": -10.0})
+    assert rerun["grpo_rerun_minus_recorded"]["gap_pp"] == pytest.approx(-2.5)
+    assert rerun["grpo_rerun_minus_recorded"]["ci95_pp"] == pytest.approx([-2.5 - 95.3, -2.5 + 95.3], abs=0.01)
+
+
 def test_a_complete_cell_reports_to_its_results_folder_and_a_partial_one_does_not():
     a = settings.parse_args(["--condition", "h12"])
     assert settings.default_results_dir(a, settings.MAP_SEEDS).endswith(os.path.join("results", "map", "h12"))

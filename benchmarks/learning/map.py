@@ -9,7 +9,7 @@ import numpy as np
 from results_io import provenance
 
 from .settings import ARM_COLORS, ARMS, CONDITIONS, MAP_AXES, MAP_AXIS_LABELS
-from .statistics import METRICS, PRIMARY_METRIC
+from .statistics import METRICS, PRIMARY_METRIC, paired_gap
 
 BETWEEN = ("G2PO-GraphGPO", "G2PO-GiGPO", "PPO-GiGPO", "PPO-G2PO", "RLOO-GiGPO")  # map.json's gaps_between: pairs of arms other than the gap to GRPO
 
@@ -40,8 +40,36 @@ def map_table(cells: dict) -> tuple[str, dict]:
     return "\n".join(rows), out
 
 
-def map_report(map_dir) -> int:
-    """--map_report: read ``map_dir/CONDITION/learning.json`` of every cell present, print the table, write
+REPAIRED = ("RLOO", "PPO")  # arms paired with a GRPO re-run beside them (benchmarks/experiments/baselines_arm.md)
+
+
+def fold_baselines(cells: dict, baselines_dir: Path) -> dict:
+    """Fold the gaps of the ``REPAIRED`` arms from ``baselines_dir/CONDITION/learning.json`` (their cell's
+    invocation with a GRPO re-run, on another CPU model than the recorded arms) into ``cells`` (condition -> the
+    recorded learning.json, changed in place: their ``ARM-GRPO/...`` gaps only, never a gap between them and a
+    recorded arm). Returns, per folded cell, ``{"seeds", "cpu_models", "grpo_rerun_minus_recorded"}``: the re-run
+    GRPO minus the recorded GRPO of the same seeds, the primary metric (pp, paired by seed; the map's
+    reproducibility on another CPU model)."""
+    out = {}
+    for cond, d in cells.items():
+        path = baselines_dir / cond / "learning.json"
+        if not path.exists():
+            continue
+        b = json.loads(path.read_text())
+        d["gaps"] = {**d["gaps"], **{k: v for k, v in b["gaps"].items()
+                                     if k.split("/")[0] in {f"{arm}-GRPO" for arm in REPAIRED}}}
+        rerun = {r["seed"]: r[PRIMARY_METRIC] for r in b.get("runs", []) if r["arm"] == "GRPO"}
+        recorded = {r["seed"]: r[PRIMARY_METRIC] for r in d.get("runs", []) if r["arm"] == "GRPO"}
+        seeds = sorted(set(rerun) & set(recorded))
+        out[cond] = {"seeds": b["seeds"], "cpu_models": sorted({r.get("cpu_model") or "?" for r in b.get("runs", [])}),
+                     "grpo_rerun_minus_recorded": paired_gap(seeds, [100 * (rerun[s] - recorded[s]) for s in seeds])
+                     if seeds else None}
+    return out
+
+
+def map_report(map_dir, baselines_dir=None) -> int:
+    """--map_report: read ``map_dir/CONDITION/learning.json`` of every cell present (with the RLOO and PPO gaps of
+    ``baselines_dir``, default ``map_dir/../map_baselines``: :func:`fold_baselines`), print the table, write
     ``map_dir/map.json`` and the figure ``map_dir/map.png`` (gap to GRPO with its 95 % interval per arm, one panel
     per axis of ``MAP_AXES``). Returns 1 when no cell is there."""
     map_dir = Path(map_dir)
@@ -50,6 +78,7 @@ def map_report(map_dir) -> int:
     if not cells:
         print(f"no cell of the map under {map_dir} (expected {map_dir}/CONDITION/learning.json)")
         return 1
+    baselines = fold_baselines(cells, Path(baselines_dir) if baselines_dir else map_dir.parent / "map_baselines")
     missing = [c for c in CONDITIONS if c not in cells]
     partial = [c for c, d in cells.items() if not d.get("is_map_cell")]
     table, gaps = map_table(cells)
@@ -73,7 +102,8 @@ def map_report(map_dir) -> int:
         **provenance(),
         "primary_metric": PRIMARY_METRIC, "gaps_to_grpo": gaps, "missing": missing, "partial": partial,
         "pending": pending, "gaps_between": {c: g for c, g in between.items() if g},
-        "seeds": {c: d["seeds"] for c, d in cells.items()}, "table": table}, indent=1, default=float))
+        "seeds": {c: d["seeds"] for c, d in cells.items()}, "baselines": baselines, "table": table}, indent=1,
+        default=float))
     plot_map(gaps, map_dir / "map.png")
     print(f"json: {map_dir / 'map.json'}")
     return 0
