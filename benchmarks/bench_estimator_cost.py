@@ -5,6 +5,13 @@ is about memory (benchmarks/experiments/baselines_arm.md, "Cost"); this measures
 
     python benchmarks/bench_estimator_cost.py                  # h12, seed 600, GRPO GiGPO G2PO RLOO PPO: the record
     python benchmarks/bench_estimator_cost.py --arms GRPO PPO --iterations 2
+    python benchmarks/bench_estimator_cost.py --condition h6 --arms GRPO PPO -- --model default \
+        --warmup_episodes 2 --warmup_epochs 1 --groups 1 --num_generations 4 --spg 1 --iterations 3 \
+        --eval_every 1 --eval_every_early 1 --eval_tasks 2 --eval_batch 2 --history_mode window   # the default LLM
+
+Flags after ``--`` go to every ``benchmarks/learning.py`` call as they are; with ``--model`` there the record is
+``bench_estimator_cost_llm.json`` (LoRA on the pretrained model; PPO's critic a second adapter on the same base
+weights with a value head), and the parameter counts are the trainable ones.
 
 One warm-up (``benchmarks/learning.py --warmup_only``), then every arm in turn in its own process
 (``benchmarks/learning.py --arms ARM --workers 1 --reuse_warmup``, single-threaded), from the same warm-up weights,
@@ -41,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     p.add_argument("--iterations", type=int, default=None, help="default: the cell's pre-registered iterations")
     p.add_argument("--output_dir", default="outputs/bench/estimator_cost")
+    p.add_argument("learning_args", nargs=argparse.REMAINDER,
+                   help="after --: flags for every benchmarks/learning.py call (e.g. --model default ...)")
     return p
 
 
@@ -51,6 +60,21 @@ def run_child(cmd: list[str], log: Path) -> tuple[int, float, float]:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, time.perf_counter() - t0
+
+
+def adapter_sizes(warmups: Path, seed: int, arm_fields: dict) -> dict:
+    """With ``--model``: the trainable parameters of the warm-up's LoRA adapter (``warmups.json``) and, for PPO, of
+    its critic (a second adapter of the same configuration and a scalar value head on the hidden size)."""
+    w = json.loads(warmups.read_text())[str(seed)]
+    sizes = {"policy_params": w["params"], "policy_trainable_params": w["trainable_params"]}
+    if arm_fields.get("estimator") == "ppo":
+        from transformers import AutoConfig
+
+        from gigpo_trl.models import resolve_model_path
+
+        hidden = AutoConfig.from_pretrained(resolve_model_path(w["settings"]["model"])).hidden_size
+        sizes["critic_trainable_params"] = w["trainable_params"] + hidden + 1
+    return sizes
 
 
 def model_sizes(init_dir: Path, arm_fields: dict) -> dict:
@@ -102,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             "--workers", "1", "--warmup_dir", str(warm), "--reuse_warmup"]
     if a.iterations:
         base += ["--iterations", str(a.iterations)]
+    extra = [x for x in a.learning_args if x != "--"]
+    llm = "--model" in extra
+    base += extra
     warm.mkdir(parents=True, exist_ok=True)
     rc, _, wall = run_child(base + ["--arms", a.arms[0], "--warmup_only", "--output_dir", str(warm)],
                             out / "warmup.log")
@@ -120,16 +147,21 @@ def main(argv: list[str] | None = None) -> int:
             print((out / f"{arm}.log").read_text()[-3000:], file=sys.stderr)
             return rc
         f = arm_figures(arm, arm_out, a.seed, peak, wall, [load_before, os.getloadavg()[0]])
-        f |= model_sizes(warm / f"seed{a.seed}" / "init", ARMS[arm])
+        f |= (adapter_sizes(warm / "warmups.json", a.seed, ARMS[arm]) if llm
+              else model_sizes(warm / f"seed{a.seed}" / "init", ARMS[arm]))
         figures["arms"][arm] = f
         print(f"{arm:>6}: peak {f['peak_rss_mb']:.0f} MB | per iteration: train {f['train_wall_seconds_per_iteration']:.2f}"
               f" s wall, {f['train_cpu_seconds_per_iteration']:.2f} s CPU (rollout {f['rollout_seconds_per_iteration']:.2f}"
               f", advantages {f['advantage_seconds_per_iteration']:.4f}, rest {f['rest_seconds_per_iteration']:.2f}) | "
               f"{f['rows_per_iteration']:.0f} rows | held-out success {f['held_out_success_last3']:.3f} | load "
               f"{f['load'][0]:.1f} -> {f['load'][1]:.1f}", flush=True)
-    # the record: the default cell, seed and arms, wherever the runs' folders were kept
-    recorded = {**vars(a), "output_dir": None} == {**vars(parser.parse_args([])), "output_dir": None}
-    write_result("bench_estimator_cost", figures, recorded=recorded)
+    # the record: the default cell, seed and arms (with --model: whatever flags follow), wherever the runs' folders
+    # were kept
+    keep = {"output_dir": None, "learning_args": None} if llm else {"output_dir": None}
+    recorded = {**vars(a), **keep} == {**vars(parser.parse_args([])), **keep}
+    if llm:
+        figures["learning_args"] = extra
+    write_result("bench_estimator_cost_llm" if llm else "bench_estimator_cost", figures, recorded=recorded)
     return 0
 
 
