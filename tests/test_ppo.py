@@ -88,6 +88,28 @@ def _critic_weights(trainer):
     return {n: p.detach().clone() for n, p in named}
 
 
+@pytest.mark.parametrize("peft", [True, False])
+def test_the_critic_leaves_the_policys_random_draws_as_without_it(tmp_path, tiny_model_dir, tiny_tokenizer, peft):
+    """Building the critic draws nothing from torch's global generator: after the trainer is built, the next draws
+    equal a GRPO trainer's of the same seed (the iteration-0 evaluation of a same-start comparison samples alike),
+    and the critic's initial weights depend on the seed only."""
+    def build(estimator, seed=0):
+        args = make_args(tmp_path / f"{estimator}{seed}", estimator=estimator, seed=seed)
+        trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer,
+                               peft_config=_lora() if peft else None)
+        draws = torch.rand(8)
+        trainer.collector.close()
+        return trainer, draws
+
+    _, grpo = build("grpo")
+    ppo, draws = build("ppo")
+    assert torch.equal(draws, grpo)
+    again, _ = build("ppo")
+    other, _ = build("ppo", seed=1)
+    head = lambda t: t.critic.value_head.weight.detach()  # noqa: E731
+    assert torch.equal(head(ppo), head(again)) and not torch.equal(head(ppo), head(other))
+
+
 @pytest.mark.parametrize("level, history_mode, checkpointing", [("token", "window", False), ("turn", "window", True),
                                                                  ("token", "conversation", True)])
 def test_ppo_trains_the_critic_and_the_policy_gets_gae(tmp_path, tiny_model_dir, tiny_tokenizer, level, history_mode,

@@ -68,7 +68,13 @@ class CriticMixin:
                                 hasattr(policy, "peft_config"))
         if reason is not None:
             raise ValueError(reason)
-        self.critic = Critic(policy, args.critic_model_name_or_path, self.accelerator.device)
+        # The critic's initial weights (a LoRA adapter's or the value head's) come from the run's seed and leave
+        # torch's global generator where it was: the policy's sampling then draws what it draws with any other
+        # estimator of the same seed (a same-start comparison, e.g. the iteration-0 evaluation, sees equal draws).
+        device = self.accelerator.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(args.seed)
+            self.critic = Critic(policy, args.critic_model_name_or_path, device)
         params = self.critic.parameters(policy)
         if self.accelerator.num_processes > 1:  # TRL seeds each process differently: start from rank 0's critic
             flat = broadcast(torch.cat([p.detach().reshape(-1).float() for p in params]), from_process=0)
