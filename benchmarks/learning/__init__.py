@@ -57,7 +57,20 @@ Per seed:
    corridor's success reward 1.0 as ``g2po_success_reward``).
 3. held-out evaluation (the env's eval split, sampled at T = 1) at iteration 0 and at ``eval_schedule``'s
    iterations (every ``--eval_every_early`` iterations, then the last three ``--eval_every`` apart); greedy too at
-   iteration 0 and the last three.
+   iteration 0 and the last three (``--greedy_evals schedule``, the default), at iteration 0 only (``start``) or
+   never (``none``). ``--greedy_evals`` is a run setting: runs made with different values are not merged, and a
+   greedy metric the runs lack is reported absent ("-", no gap), never as 0.
+
+``--share_start_eval``: every arm of a seed starts from the same warm-up weights with the same random state, so
+their iteration-0 evaluations are identical (the report's same-start check compares them). With the flag the first
+arm of a seed to start makes it and keeps it in the seed's warm-up folder (``start_eval_<digest>.json`` beside the
+weights, with the random state after it), and every later arm of the seed reuses it, the random state restored, so
+that it trains exactly as if it had evaluated itself (``learning/evaluation.py``; checked on the tiny model for
+GRPO, PPO and RLOO by tests/test_learning_evals.py). The digest covers what the evaluation depends on: the warm-up
+settings and weights, the seed, the evaluation's settings (``START_EVAL_KEYS``: eval tasks, eval batch, sampled
+temperature, greedy at iteration 0, ...) and the CPU model; a kept evaluation made otherwise is not reused. A run's
+``start_eval`` says whether its iteration-0 point is its own or kept. Refused with the clock nuisance (the
+evaluation advances the run's clock) and ``--max_staleness``.
 
 Primary metric (``PRIMARY_METRIC``, fixed before the headline run): per seed and arm, the mean held-out success
 over the last 3 evaluations, sampled at T = 1; the paired per-seed gap between arms, its mean and a 95% t interval
@@ -70,8 +83,9 @@ a complete report of the 10 headline seeds at the default budget, ``--output_dir
 warm-ups, then the (seed, arm) runs, in two single-threaded processes.
 
 Modules: ``settings`` (arms, seeds, testbed settings, the map's conditions, the command line), ``testbeds``,
-``warmup``, ``llm`` (``--model``), ``runner`` (the runs, the worker pool, merging split runs), ``progress`` (a run's
-files as it goes, resuming), ``runs`` (reading finished runs),
+``warmup``, ``llm`` (``--model``), ``runner`` (the runs, the worker pool, merging split runs), ``evaluation`` (a
+run's held-out evaluations, ``--greedy_evals``, ``--share_start_eval``), ``progress`` (a run's files as it goes,
+resuming), ``runs`` (reading finished runs),
 ``statistics``, ``report``, ``map``, ``staleness``, ``server_standin``.
 """
 

@@ -18,6 +18,8 @@ import os
 import resource
 from pathlib import Path
 
+from .settings import run_settings_filled
+
 EVALS = "evals.jsonl"
 PROGRESS = "progress.jsonl"
 SETTINGS = "run_settings.json"
@@ -65,9 +67,11 @@ def start(run_dir, settings: dict, spg: int, resume: bool) -> tuple[str | None, 
     checkpoint, iteration = checkpoint_iteration(run_dir, spg) if resume else (None, 0)
     saved = run_dir / SETTINGS
     if checkpoint is not None and saved.exists():
-        old = json.loads(saved.read_text())
-        if old != json.loads(json.dumps(settings, default=float)):
-            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        # a key added to RUN_KEYS later stands at the value the older runs were made with (MAP_KEY_DEFAULTS)
+        old = run_settings_filled(json.loads(saved.read_text()))
+        settings_filled = run_settings_filled(json.loads(json.dumps(settings, default=float)))
+        if old != settings_filled:
+            diff = sorted(k for k in set(old) | set(settings_filled) if old.get(k) != settings_filled.get(k))
             raise ValueError(f"{run_dir} holds a run made with other settings ({', '.join(diff)}); not resuming it: "
                              "give another --output_dir or remove that folder")
     saved.write_text(json.dumps(settings, default=float))

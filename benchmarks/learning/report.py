@@ -8,29 +8,39 @@ import numpy as np
 from results_io import provenance
 
 from .settings import ARM_COLORS, ARMS, HEADLINE_SEEDS, MAP_SEEDS
-from .statistics import METRICS, PRIMARY_METRIC, SIZE_BINS, T975, bin_label, gap_stats
+from .statistics import METRICS, PRIMARY_METRIC, SIZE_BINS, T975, bin_label, gap_stats, present_metrics
 from .warmup import warmup_line
 
 
+def _cell(value, width: int) -> str:
+    """``value`` to 3 decimals in ``width`` characters; "-" for an absent metric (None, e.g. greedy not evaluated)."""
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.3f}"
+
+
+def _mean(values):
+    """The mean, or None when a value is absent (a metric the runs do not all hold)."""
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
 def report(results, seeds, arms, a, warmups=None):
-    """The text report and the paired gaps (``gap_stats`` per arm pair and metric of ``METRICS``, keyed
-    ``"{x}-{y}/{label}"``) of the runs ``results[(seed, arm)]`` over ``seeds``."""
+    """The text report and the paired gaps (``gap_stats`` per arm pair and metric of ``METRICS`` that every run
+    holds, ``present_metrics``, keyed ``"{x}-{y}/{label}"``) of the runs ``results[(seed, arm)]`` over ``seeds``; a
+    metric absent from the runs (greedy, with ``--greedy_evals start`` or ``none``) has no gap and is shown "-"."""
     lines = []
+    metrics = present_metrics(results[(s, arm)] for s in seeds for arm in arms)
     head = f"{'seed':>4} " + " ".join(f"{arm + ' T=1':>11} {arm + ' greedy':>12} {arm + ' AUC':>10}" for arm in arms)
     lines += ["held-out success, mean of the last 3 evaluations (iterations "
               f"{', '.join(str(p['iteration']) for p in results[(seeds[0], arms[0])]['points'][-3:])}), and the "
               f"area under the sampled held-out success curve (AUC; evaluations at iterations "
               f"{', '.join(str(p['iteration']) for p in results[(seeds[0], arms[0])]['points'])}):", head,
               "-" * len(head)]
+    widths = {"headline_sampled": 11, "headline_greedy": 12, "auc_sampled": 10}
     for s in seeds:
-        lines.append(f"{s:>4} " + " ".join(f"{results[(s, arm)]['headline_sampled']:11.3f} "
-                                           f"{results[(s, arm)]['headline_greedy']:12.3f} "
-                                           f"{results[(s, arm)]['auc_sampled']:10.3f}" for arm in arms))
+        lines.append(f"{s:>4} " + " ".join(" ".join(_cell(results[(s, arm)].get(k), w) for k, w in widths.items())
+                                           for arm in arms))
     lines.append("-" * len(head))
-    lines.append(f"{'mean':>4} " + " ".join(
-        f"{np.mean([results[(s, arm)]['headline_sampled'] for s in seeds]):11.3f} "
-        f"{np.mean([results[(s, arm)]['headline_greedy'] for s in seeds]):12.3f} "
-        f"{np.mean([results[(s, arm)]['auc_sampled'] for s in seeds]):10.3f}" for arm in arms))
+    lines.append(f"{'mean':>4} " + " ".join(" ".join(
+        _cell(_mean([results[(s, arm)].get(k) for s in seeds]), w) for k, w in widths.items()) for arm in arms))
     pairs = [(x, y) for x, y in (("GiGPO", "GRPO"), ("HGPO", "GiGPO"), ("HGPO", "GRPO"), ("GraphGPO", "GiGPO"),
                                  ("GraphGPO", "GRPO"), ("G2PO", "GRPO"), ("G2PO", "GraphGPO"),
                                  ("G2PO", "GiGPO"), ("RLOO", "GRPO"), ("PPO", "GRPO"), ("PPO", "GiGPO"),
@@ -39,8 +49,12 @@ def report(results, seeds, arms, a, warmups=None):
     lines.append("")
     lines.append(f"paired gaps over seeds (percentage points; 95% t interval, df = seeds - 1); primary metric: "
                  f"{METRICS[PRIMARY_METRIC][0]} ({METRICS[PRIMARY_METRIC][1]}):")
+    absent = [label for key, (label, _) in METRICS.items() if key not in metrics]
+    if absent:
+        lines.append(f"  absent from the runs (not evaluated; --greedy_evals "
+                     f"{getattr(a, 'greedy_evals', 'schedule')}): {', '.join(absent)}")
     for x, y in pairs:
-        for key, (label, _) in METRICS.items():
+        for key, (label, _) in metrics.items():
             g = gap_stats(results, seeds, x, y, key)
             gaps[f"{x}-{y}/{label}"] = g
             lines.append(f"  {x} - {y} ({label:7s}): {g['gap_pp']:+6.1f} pp  [{g['ci95_pp'][0]:+6.1f}, "
@@ -112,7 +126,8 @@ def plot(results, seeds, arms, a, path):
         xs = [p["iteration"] for p in pts[0]]
         band(axes[0], xs, [[p["sampled"] for p in ps] for ps in pts], colors[arm], arm)
         gx = [p["iteration"] for p in pts[0] if "greedy" in p]
-        band(axes[1], gx, [[p["greedy"] for p in ps if "greedy" in p] for ps in pts], colors[arm], arm)
+        if gx:  # --greedy_evals none: an empty panel
+            band(axes[1], gx, [[p["greedy"] for p in ps if "greedy" in p] for ps in pts], colors[arm], arm)
         tr = [np.asarray(results[(s, arm)]["series"]["episode/success_rate"]) for s in seeds]
         n = min(map(len, tr))
         if n:
@@ -125,12 +140,15 @@ def plot(results, seeds, arms, a, path):
     if getattr(a, "model", None):
         name += f", model {a.model}"
     axes[0].set(title=f"held-out success, sampled T=1 ({name})", ylabel="success")
-    axes[1].set(title="held-out success, greedy (start and the last 3 evaluations)")
+    greedy_when = {"schedule": "start and the last 3 evaluations", "start": "start only",
+                   "none": "not evaluated"}[getattr(a, "greedy_evals", None) or "schedule"]
+    axes[1].set(title=f"held-out success, greedy ({greedy_when})")
     axes[2].set(title="training success (5-iteration running mean)")
     for ax in axes:
         ax.set(xlabel="training iteration", ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # the greedy panel of --greedy_evals none has no curve
+            ax.legend(loc="lower right")
     fig.suptitle(f"{len(seeds)} seeds: mean and 95% t band over seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -187,7 +205,7 @@ def write_report(a, results, seeds, warmups, total, res_dir, plot_curves=True, e
                      f"success curve: {auc_gap['gap_pp']:+.1f} pp [{auc_gap['ci95_pp'][0]:+.1f}, "
                      f"{auc_gap['ci95_pp'][1]:+.1f}]") if main_gap else None,
         "gaps": gaps,
-        "per_seed": {str(s): {arm: {k: results[(s, arm)][k] for k in (
+        "per_seed": {str(s): {arm: {k: results[(s, arm)].get(k) for k in (
             "headline_sampled", "headline_greedy", "auc_sampled", "iters_to_50pct_train", "env_steps",
             "generated_tokens", "wall_seconds")} for arm in a.arms} | {"warmup": warm_figures(s)} for s in seeds},
         "settings": vars(a), "arms": {arm: ARMS[arm] for arm in a.arms}, "warmup": warmups,

@@ -20,6 +20,7 @@ from gigpo_trl.observers import RolloutObserver
 from results_io import cpu_model
 
 from . import progress
+from .evaluation import KeptStartEval, PeriodicEval, greedy_iterations
 from .map import map_report
 from .report import write_report
 from .server_standin import serving
@@ -49,100 +50,6 @@ class StepGroupSizes(RolloutObserver):
         levels = getattr(result, "level_group_sizes", None)
         if levels is not None and np.ndim(levels) == 2:
             self.deepest.append(np.asarray(levels, dtype=np.int64)[:, -1].copy())
-
-
-class PeriodicEval:
-    """TrainerCallback: held-out evaluation at the iterations of ``eval_iterations`` (sampled at T = 1; greedy too at
-    those in ``greedy_iterations``), each written to the run's ``evals.jsonl`` as it is made, and after every
-    iteration a line of ``progress.jsonl`` (learning/progress.py). ``kept_evals`` / ``kept_progress``: what a resumed
-    run had before its checkpoint (the clocks continue from its last line)."""
-
-    def __init__(self, eval_iterations, greedy_iterations, spg, sampled_temperature, run_dir, groups,
-                 kept_evals=(), kept_progress=()):
-        from transformers import TrainerCallback
-
-        outer = self
-
-        class _CB(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                it, rest = divmod(state.global_step, spg)
-                if rest == 0 and outer.trainer is not None:
-                    if it in outer.eval_iterations:
-                        # the evaluation's own log resets the shared control's should_log: keep this step's
-                        # (with steps_per_generation 1 the rollout's metrics were otherwise never logged)
-                        should_log = control.should_log
-                        outer.evaluate(it)
-                        control.should_log = should_log
-                    outer.iteration_done(it)
-                return control
-
-        self.callback = _CB()
-        self.sampled_temperature = sampled_temperature
-        self.eval_iterations = set(eval_iterations)
-        self.greedy_iterations = set(greedy_iterations)
-        self.run_dir, self.groups = run_dir, groups
-        self.trainer = None
-        self.points: list[dict] = [e for e in kept_evals if e["iteration"] > 0]
-        last = kept_progress[-1] if kept_progress else {}
-        self.base_wall, self.base_cpu = last.get("wall_seconds", 0.0), last.get("cpu_seconds", 0.0)
-        self.eval_seconds = last.get("eval_seconds", 0.0)
-        self.eval_cpu_seconds = last.get("eval_cpu_seconds", 0.0)  # single-threaded: ~ the wall time on an idle core
-        self.written_groups = len(groups.iterations)
-        self.label = ""
-        self.t_start, self.c_start = time.perf_counter(), time.process_time()
-
-    def evaluate(self, it: int, greedy: bool | None = None) -> dict:
-        """Evaluate now as iteration ``it``: the point, also appended to evals.jsonl."""
-        t0, c0 = time.perf_counter(), time.process_time()
-        greedy = it in self.greedy_iterations if greedy is None else greedy
-        point = evaluate_both(self.trainer, self.sampled_temperature, greedy=greedy) | {"iteration": it}
-        self.eval_seconds += time.perf_counter() - t0
-        self.eval_cpu_seconds += time.process_time() - c0
-        progress.append(self.run_dir, progress.EVALS, point)
-        if it > 0:
-            self.points.append(point)
-        g = f"{point['greedy']:.2f}" if "greedy" in point else "-"
-        print(f"    {self.label} it {it}: sampled {point['sampled']:.2f} greedy {g} "
-              f"({time.perf_counter() - self.t_start:.0f}s)", flush=True)
-        return point
-
-    def totals(self) -> tuple[float, float]:
-        """(wall, CPU) seconds of the run so far, evaluations included, over every session of a resumed run."""
-        return (self.base_wall + time.perf_counter() - self.t_start,
-                self.base_cpu + time.process_time() - self.c_start)
-
-    def iteration_done(self, it: int) -> None:
-        wall, cpu = self.totals()
-        new = self.groups.iterations[self.written_groups:]
-        deep = self.groups.deepest[self.written_groups:] if len(self.groups.deepest) == len(self.groups.iterations) \
-            else []
-        self.written_groups = len(self.groups.iterations)
-        progress.append(self.run_dir, progress.PROGRESS, {
-            "iteration": it, "wall_seconds": wall, "cpu_seconds": cpu, "eval_seconds": self.eval_seconds,
-            "eval_cpu_seconds": self.eval_cpu_seconds, "peak_rss_mb": progress.peak_rss_mb(),
-            "load": progress.load_average(), "group_sizes": [x.tolist() for x in new],
-            "deepest": [x.tolist() for x in deep]})
-
-
-def evaluate_both(trainer, temperature: float, greedy: bool = True) -> dict:
-    """Held-out success sampled at ``temperature`` and (``greedy``) greedily (eval_temperature = 0), on the same
-    tasks, in batches of ``per_device_eval_batch_size`` (default: the eval tasks). The model's train/eval mode is
-    restored after: TRL files the metrics it logs under the mode the model is in, so a training step's log right
-    after an evaluation would go to "eval"."""
-    saved, was_training = trainer.args.eval_temperature, trainer.model.training
-    try:
-        trainer.args.eval_temperature = temperature
-        m = trainer.evaluate(metric_key_prefix="eval_sampled")
-        sampled = {"sampled": m["eval_sampled_success_rate"], "sampled_length": m.get("eval_sampled_length_mean")}
-        if not greedy:
-            return sampled
-        trainer.args.eval_temperature = 0.0
-        m = trainer.evaluate()
-        return sampled | {"greedy": m["eval_success_rate"], "greedy_length": m.get("eval_length_mean"),
-                          "greedy_invalid": m.get("eval_invalid_action_rate")}
-    finally:
-        trainer.args.eval_temperature = saved
-        trainer.model.train(was_training)
 
 
 def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
@@ -190,8 +97,10 @@ LOG_KEYS = ["episode/success_rate", "episode/length_mean", "episode/invalid_acti
 
 
 def iteration_series(log_history) -> dict:
-    """Per training iteration (one rollout), the logged metrics in ``LOG_KEYS``."""
-    return {k: [float(e[k]) for e in log_history if k in e] for k in LOG_KEYS}
+    """Per training iteration (one rollout), the logged metrics in ``LOG_KEYS`` (nan where TRL logged None)."""
+    # TRL logs None for a metric with no defined value in an iteration (PPO's explained variance when the returns do
+    # not vary): nan keeps the series one value per iteration
+    return {k: [float("nan") if e[k] is None else float(e[k]) for e in log_history if k in e] for k in LOG_KEYS}
 
 
 def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
@@ -211,8 +120,9 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     for line in kept_progress:
         groups.iterations += [np.asarray(x, dtype=np.int64) for x in line["group_sizes"]]
         groups.deepest += [np.asarray(x, dtype=np.int64) for x in line["deepest"]]
-    cb = PeriodicEval(schedule, schedule[-3:], a.spg, a.sampled_eval_temperature, run_dir, groups, kept_evals,
-                      kept_progress)  # greedy: headline points
+    greedy_at = greedy_iterations(a.greedy_evals, schedule)
+    cb = PeriodicEval(schedule, greedy_at, a.spg, a.sampled_eval_temperature, run_dir, groups, kept_evals,
+                      kept_progress)
     args = make_config(a, str(run_dir), ARMS[arm], seed)
     with serving(model) if a.max_staleness is not None else contextlib.nullcontext():
         trainer = GiGPOTrainer(model, env=env_factory, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
@@ -224,7 +134,8 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
     if checkpoint:
         print(f"  seed {seed} {arm}: resuming from {checkpoint} (iteration {len(kept_progress)})", flush=True)
     cb.t_start, cb.c_start = time.perf_counter(), time.process_time()
-    start = kept_evals[0] if kept_evals else cb.evaluate(0, greedy=True)
+    kept = KeptStartEval(a, seed, init_dir, greedy=0 in greedy_at) if a.share_start_eval else None
+    start = kept_evals[0] if kept_evals else cb.start(kept)
     # a run cut after its last checkpoint resumes there with nothing left: train() runs no step (no rollout; see
     # gigpo_trl.checkpoint) and the series is the checkpoint's log history
     trainer.train(resume_from_checkpoint=checkpoint)
@@ -255,7 +166,9 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         "arm": arm, "fields": ARMS[arm], "seed": seed, "points": points,
         "run_settings": {k: getattr(a, k) for k in RUN_KEYS},
         "headline_sampled": float(np.mean([p["sampled"] for p in last3])),
-        "headline_greedy": float(np.mean([p["greedy"] for p in last3])),
+        # None (absent, never 0) where the last 3 evaluations were not all greedy (--greedy_evals start / none)
+        "headline_greedy": float(np.mean([p["greedy"] for p in last3])) if all("greedy" in p for p in last3)
+        else None,
         "auc_sampled": auc(points),
         "iters_to_50pct_train": iters_to(series["episode/success_rate"]),
         "env_steps": int(rows.sum()), "generated_tokens": int(round(float(tokens.sum()))),
@@ -264,13 +177,15 @@ def run_arm(a, arm, seed, init_dir, tok, env_factory, train_ds, eval_ds):
         "cpu_seconds": cpu, "eval_cpu_seconds": cb.eval_cpu_seconds,
         "train_cpu_seconds_per_iteration": (cpu - cb.eval_cpu_seconds) / a.iterations,
         "peak_rss_mb": progress.peak_rss_mb(), "resumed_from": checkpoint,
+        "start_eval": cb.start_source,  # "own", "kept" (--share_start_eval) or "resumed" (the checkpoint's)
         "cpu_model": cpu_model(),  # another CPU model computes other floats: starts compare only on the same one
         "series": series, "anchor_phases": anchor_phases,
     }
     sampled = " ".join(f"{p['sampled']:.2f}" for p in points)
     greedy = " ".join(f"{p['greedy']:.2f}" if "greedy" in p else "-" for p in points)
+    last_greedy = "-" if result["headline_greedy"] is None else f"{result['headline_greedy']:.3f}"
     print(f"  seed {seed} {arm:5s}: sampled {sampled} | greedy {greedy} | last3 {result['headline_sampled']:.3f}/"
-          f"{result['headline_greedy']:.3f} | AUC {result['auc_sampled']:.3f} | 50% at it {result['iters_to_50pct_train']} | "
+          f"{last_greedy} | AUC {result['auc_sampled']:.3f} | 50% at it {result['iters_to_50pct_train']} | "
           f"wall {result['wall_seconds']:.0f}s, CPU {result['cpu_seconds']:.0f}s (train "
           f"{result['train_cpu_seconds_per_iteration']:.2f}s/iteration, evaluations {result['eval_cpu_seconds']:.0f}s)",
           flush=True)
@@ -317,8 +232,11 @@ def main(argv=None) -> int:
     word = env.action_words[0]
     print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
           f"{len(tok.encode(completion_text(word, a.think)))} + eos", flush=True)
-    print(f"evaluations at iterations 0, {', '.join(map(str, eval_schedule(a.iterations, a.eval_every, a.eval_every_early)))}"
-          f" (greedy too at 0 and the last 3)", flush=True)
+    schedule = eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
+    print(f"evaluations at iterations 0, {', '.join(map(str, schedule))}"
+          f" (greedy too at {', '.join(map(str, greedy_iterations(a.greedy_evals, schedule))) or 'none'})"
+          + (f"; the iteration-0 evaluation kept per seed in its warm-up folder" if a.share_start_eval else ""),
+          flush=True)
 
     if a.model:
         warm = functools.partial(warm_up_llm, a=a, tok=tok, env_factory=env_factory, train_ds=train_ds,

@@ -144,7 +144,14 @@ RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "group
                           "gamma", "eval_tasks", "advantage_mode", "max_completion_length", "sampled_eval_temperature",
                           "condition", "anchor_drops_nuisance", "anchor_similarity_threshold", "max_staleness",
                           "model", "history_mode", "warmup_episodes", "warmup_epochs", "warmup_perturb_rate",
-                          "warmup_demos")
+                          "warmup_demos", "greedy_evals")
+
+
+# What a seed's iteration-0 evaluation depends on beside its warm-up (WARMUP_KEYS / LLM_WARMUP_KEYS, the weights,
+# the seed): a kept evaluation (--share_start_eval, learning/evaluation.py) is reused only where all of these agree.
+START_EVAL_KEYS = ("eval_tasks", "eval_batch", "sampled_eval_temperature", "max_completion_length", "history_mode",
+                   "max_turns", "history_length", "think", "actions", "nuisance", "trap_door", "model",
+                   "max_staleness")
 
 
 # Settings added to RUN_KEYS after the first runs (the map's, --model's), at the values that reproduce the runs made
@@ -153,7 +160,7 @@ RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "group
 MAP_KEY_DEFAULTS = {"nuisance": None, "trap_door": False, "condition": None, "anchor_drops_nuisance": False,
                     "anchor_similarity_threshold": None, "max_staleness": None, "model": None, "history_mode": None,
                     "warmup_episodes": None, "warmup_epochs": None, "warmup_perturb_rate": None,
-                    "warmup_demos": None}
+                    "warmup_demos": None, "greedy_evals": "schedule"}
 
 
 def run_settings_filled(settings: dict | None) -> dict | None:
@@ -164,7 +171,8 @@ def run_settings_filled(settings: dict | None) -> dict | None:
 def parse_args(argv=None):
     """The parsed flags, every default filled in. Raises ValueError naming the flag when a tiny-policy flag
     (``TINY_ONLY``) is given with ``--model``, an expert warm-up flag (``LLM_ONLY``) without it, or ``--model`` with
-    ``--max_staleness`` or without ``--seeds``; argparse's own errors exit 2."""
+    ``--max_staleness`` or without ``--seeds``, or ``--share_start_eval`` with the clock nuisance or
+    ``--max_staleness``; argparse's own errors exit 2."""
     p = argparse.ArgumentParser(description=PACKAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--testbed", default="corridor", choices=sorted(TESTBEDS))
     p.add_argument("--model", default=None,
@@ -248,6 +256,14 @@ def parse_args(argv=None):
     p.add_argument("--actions", choices=["doors", "moves"],
                    help="corridor: name the door (DoorCorridor, default) or the direction (CompactCorridor)")
     p.add_argument("--sampled_eval_temperature", type=float, default=1.0)
+    p.add_argument("--greedy_evals", choices=["schedule", "start", "none"], default="schedule",
+                   help="greedy held-out evaluations besides the sampled ones: 'schedule' (default) at iteration 0 "
+                        "and the last 3 evaluations, 'start' at iteration 0 only, 'none' never (the greedy metric "
+                        "is then absent from the report)")
+    p.add_argument("--share_start_eval", action="store_true",
+                   help="make a seed's iteration-0 evaluation once, keep it in the seed's warm-up folder (with the "
+                        "random state after it) and reuse it in every arm of the seed made with the same settings "
+                        "(learning/evaluation.py); refused with the clock nuisance and --max_staleness")
     p.add_argument("--workers", type=int, default=2,
                    help="runs in parallel processes (each single-threaded); 1 = one after another")
     p.add_argument("--hidden", type=int, default=None, help="tiny policy: hidden size (64)")
@@ -345,6 +361,7 @@ def parse_args(argv=None):
         a.warmup_balance_steps = min(a.warmup_balance_steps, 50)
         a.warmup_max_steps = min(a.warmup_max_steps, 300 + a.warmup_balance_steps)  # room for one balance round
         a.warmup_check = min(a.warmup_check, 256)
+    _check_share_start_eval(a)
     try:
         eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
     except ValueError as e:
@@ -372,6 +389,20 @@ def _check_model_flags(a) -> None:
         if given:
             raise ValueError(f"--{given[0]} {getattr(a, given[0])} sets the expert warm-up of --model; the tiny "
                              "policy takes the legal-move warm-up (--warmup_steps, --warmup_legal, ...)")
+
+
+def _check_share_start_eval(a) -> None:
+    """Raise ValueError where a kept iteration-0 evaluation cannot stand for the arm's own: the evaluation also
+    advances the clock cells' shared clock, and with ``--max_staleness`` it runs through the server stand-in, whose
+    state the kept evaluation does not hold."""
+    if not a.share_start_eval:
+        return
+    if a.nuisance == "clock":
+        raise ValueError("--share_start_eval with the clock nuisance: the iteration-0 evaluation advances the run's "
+                         "clock, which a kept evaluation does not replay")
+    if a.max_staleness is not None:
+        raise ValueError(f"--share_start_eval with --max_staleness {a.max_staleness}: the evaluation runs through the "
+                         "server stand-in, whose state a kept evaluation does not hold")
 
 
 def default_results_dir(a, seeds) -> str:

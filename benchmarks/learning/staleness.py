@@ -22,7 +22,7 @@ from results_io import provenance
 
 from .runs import load_runs
 from .settings import RESULTS, run_settings_filled
-from .statistics import METRICS, PRIMARY_METRIC, gap_stats, paired_gap
+from .statistics import METRICS, PRIMARY_METRIC, gap_stats, paired_gap, present_metrics
 
 SERIES = {"staleness_mean": "async/staleness_mean", "staleness_max": "async/staleness_max",
           "is_ratio_mean": "sampling/importance_sampling_ratio/mean", "is_ratio_max": "sampling/importance_sampling_ratio/max",
@@ -69,27 +69,29 @@ def staleness_figures(by_k: dict[int, dict]) -> dict:
     seeds = sorted(set.intersection(*({s for s, _ in r} for r in by_k.values())))
     arms = sorted(set.intersection(*({a for _, a in r} for r in by_k.values())))
     base = by_k[0]
+    # the metrics every run holds (greedy is absent from --greedy_evals start / none runs)
+    metrics = present_metrics(r[(s, a)] for r in by_k.values() for s in seeds for a in arms)
     figures: dict = {"seeds": seeds, "arms": arms, "staleness": sorted(by_k), "primary_metric": PRIMARY_METRIC,
                      "per_staleness": {}, "staleness_vs_sync": {}, "gap_to_grpo_moved": {}}
     for k, results in sorted(by_k.items()):
-        entry = {"mean": {arm: {m: float(np.mean([results[(s, arm)][m] for s in seeds])) for m in METRICS}
+        entry = {"mean": {arm: {m: float(np.mean([results[(s, arm)][m] for s in seeds])) for m in metrics}
                           for arm in arms},
                  "gap_to_grpo": {f"{arm}-GRPO/{label}": gap_stats(results, seeds, arm, "GRPO", m)
                                  for arm in arms if arm != "GRPO" and "GRPO" in arms
-                                 for m, (label, _) in METRICS.items()},
+                                 for m, (label, _) in metrics.items()},
                  "cpu_seconds_per_run": float(np.mean([results[(s, a)]["cpu_seconds"] for s in seeds for a in arms])),
                  **series_summary({key: r for key, r in results.items() if key[0] in seeds and key[1] in arms})}
         figures["per_staleness"][str(k)] = entry
         if k == 0:
             continue
         for arm in arms:
-            for m, (label, _) in METRICS.items():
+            for m, (label, _) in metrics.items():
                 figures["staleness_vs_sync"][f"{arm}/{k}-0/{label}"] = paired_gap(
                     seeds, [100 * (results[(s, arm)][m] - base[(s, arm)][m]) for s in seeds])
         for arm in arms:
             if arm == "GRPO" or "GRPO" not in arms:
                 continue
-            for m, (label, _) in METRICS.items():
+            for m, (label, _) in metrics.items():
                 figures["gap_to_grpo_moved"][f"{arm}-GRPO/{k}-0/{label}"] = paired_gap(
                     seeds, [100 * ((results[(s, arm)][m] - results[(s, "GRPO")][m])
                                    - (base[(s, arm)][m] - base[(s, "GRPO")][m])) for s in seeds])
@@ -105,7 +107,8 @@ def staleness_table(figures: dict) -> str:
     """The figures as text: means per staleness and arm, then the paired gaps (pp, 95 % interval)."""
     lines = [f"seeds {figures['seeds']}; success in % (primary: {METRICS[PRIMARY_METRIC][0]})"]
     for k, entry in figures["per_staleness"].items():
-        means = ", ".join(f"{arm} {100 * v[PRIMARY_METRIC]:.1f} / greedy {100 * v['headline_greedy']:.1f}"
+        means = ", ".join(f"{arm} {100 * v[PRIMARY_METRIC]:.1f} / greedy "
+                          + (f"{100 * v['headline_greedy']:.1f}" if "headline_greedy" in v else "-")
                           for arm, v in entry["mean"].items())
         age = "" if entry["staleness_mean"] is None else (
             f"; rollouts {entry['staleness_mean']:.2f} steps old on average (at most {entry['staleness_max']:.0f}), "

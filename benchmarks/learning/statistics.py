@@ -36,6 +36,13 @@ METRICS = {  # key in a run's result -> (label in the gap names, description)
 }
 
 
+def present_metrics(runs) -> dict:
+    """The entries of ``METRICS`` that every run of ``runs`` (result dicts) holds as a number: a greedy metric of
+    runs made with ``--greedy_evals start`` or ``none`` is absent (None), and is left out rather than read as 0."""
+    runs = list(runs)
+    return {k: v for k, v in METRICS.items() if all(r.get(k) is not None for r in runs)}
+
+
 def paired_gap(seeds, gaps_pp) -> dict:
     """A paired gap's entry: the per-seed gaps (pp, keyed by seed), their mean and its 95 % t interval."""
     m, lo, hi = t_interval(gaps_pp)
