@@ -122,8 +122,11 @@ def arm_cells(cells: dict, arm: str) -> str:
     lows, highs = [x["ci95_pp"][0] for x in g], [x["ci95_pp"][1] for x in g]
     side = (", every interval above 0" if min(lows) > 0 else ", every interval below 0" if max(highs) < 0
             else ", every interval across 0" if all(lo <= 0 <= hi for lo, hi in zip(lows, highs)) else "")
+    rerun = " (against GRPO re-run beside it)" if arm in ("RLOO", "PPO") else ""
+    if len(g) == 1:  # one cell: its gap and interval, not a range
+        return f"{arm} {gap(g[0])} in 1 of {of} cells{rerun}"
     return (f"{arm} {signed(min(x['gap_pp'] for x in g))} to {signed(max(x['gap_pp'] for x in g))} in {where} "
-            f"cells{side}")
+            f"cells{side}{rerun}")
 
 
 # ------------------------------------------------------------------------------------------ estimator cost

@@ -167,8 +167,8 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
     assert "| PPO \u2212 G2PO | pending | pending | pending |" in learning_rows
     headline = gen_results.headline_table()
     assert "; RLOO +0.4 [\u22122.0, +2.8]; PPO pending |" in headline
-    assert ("; RLOO +0.4 to +0.4 in 1 of 7 cells, every interval across 0; PPO \u22123.2 to \u22123.2 in 1 of 7 "
-            "cells, every interval below 0 |") in headline
+    assert ("; RLOO +0.4 [\u22122.0, +2.8] in 1 of 7 cells (against GRPO re-run beside it); PPO \u22123.2 "
+            "[\u22126.0, \u22120.5] in 1 of 7 cells (against GRPO re-run beside it) |") in headline
     assert "| pending (`python benchmarks/bench_estimator_cost.py` not recorded yet) |" in headline
 
 
