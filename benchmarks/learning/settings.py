@@ -57,7 +57,8 @@ MAP_EVAL_TASKS = 128
 # the measured seeds, cell, iterations and eval tasks come from the pre-registration
 # (benchmarks/experiments/llm_learning.md): until it sets LLM_PREREGISTERED, no --model run reports to
 # benchmarks/results/llm_learning/ and --model needs explicit --seeds.
-LLM_PREREGISTERED: dict | None = None
+LLM_PREREGISTERED: dict | None = {"seeds": [800, 801, 802, 803, 804, 805], "condition": "h12", "iterations": 8,
+                                   "eval_tasks": 64}
 
 
 # --model settings where the tiny policy's defaults do not fit a LoRA-trained 135M model: LoRA's learning rate
