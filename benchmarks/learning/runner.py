@@ -233,8 +233,9 @@ def main(argv=None) -> int:
     print(f"tokenizer: {len(tok)} tokens; a prompt is ~{len(sample)} tokens, a completion "
           f"{len(tok.encode(completion_text(word, a.think)))} + eos", flush=True)
     schedule = eval_schedule(a.iterations, a.eval_every, a.eval_every_early)
+    greedy = ", ".join(map(str, greedy_iterations(a.greedy_evals, schedule)))
     print(f"evaluations at iterations 0, {', '.join(map(str, schedule))}"
-          f" (greedy too at {', '.join(map(str, greedy_iterations(a.greedy_evals, schedule))) or 'none'})"
+          f" ({f'greedy too at {greedy}' if greedy else 'sampled only'})"
           + (f"; the iteration-0 evaluation kept per seed in its warm-up folder" if a.share_start_eval else ""),
           flush=True)
 
