@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import results_tables as tables
-from results_tables import MAP_ARMS, MAP_CELLS, MINUS, gap, paired_gap, signed  # noqa: F401  (the tests read them here)
+from results_tables import MAP_ARMS, MAP_CELLS, MINUS, gap, grpo_rerun_gap, repaired_gaps, signed  # noqa: F401  (the tests read them here)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -40,21 +40,14 @@ def headline_gaps() -> dict:
     """The headline's gaps (``learning.json``) with RLOO's and PPO's gaps to the GRPO re-run beside them
     (``map_baselines/headline/learning.json``, benchmarks/experiments/baselines_arm.md) where that is recorded."""
     gaps, b = dict(load("learning")["gaps"]), load_optional("map_baselines/headline/learning")
-    if b:
-        gaps |= {k: v for k, v in b["gaps"].items() if k.split("/")[0] in ("RLOO-GRPO", "PPO-GRPO")}
-    return gaps
+    return gaps | repaired_gaps(b) if b else gaps
 
 
 def headline_rerun() -> dict | None:
     """GRPO re-run beside RLOO and PPO minus the recorded GRPO on the headline seeds (pp, paired by seed; primary
     metric), or None before the re-run is recorded."""
     b = load_optional("map_baselines/headline/learning")
-    if not b:
-        return None
-    new = {r["seed"]: r["headline_sampled"] for r in b["runs"] if r["arm"] == "GRPO"}
-    old = {r["seed"]: r["headline_sampled"] for r in load("learning")["runs"] if r["arm"] == "GRPO"}
-    seeds = sorted(set(new) & set(old))
-    return paired_gap(seeds, [100 * (new[s] - old[s]) for s in seeds]) if seeds else None
+    return grpo_rerun_gap(b, load("learning")) if b else None
 
 
 # ------------------------------------------------------------------------------------------ README's headline rows

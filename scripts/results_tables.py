@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from learning.settings import ARMS, CONDITIONS, HEADLINE_SEEDS, MAP_SEEDS  # noqa: E402
-from learning.statistics import paired_gap  # noqa: E402,F401  (gen_results's headline re-run gap)
+from learning.map import REPAIRED, grpo_rerun_gap, repaired_gaps  # noqa: E402,F401  (gen_results's headline re-run)
 
 MINUS = "\u2212"
 PENDING = "pending"
@@ -122,7 +122,7 @@ def arm_cells(cells: dict, arm: str) -> str:
     lows, highs = [x["ci95_pp"][0] for x in g], [x["ci95_pp"][1] for x in g]
     side = (", every interval above 0" if min(lows) > 0 else ", every interval below 0" if max(highs) < 0
             else ", every interval across 0" if all(lo <= 0 <= hi for lo, hi in zip(lows, highs)) else "")
-    rerun = " (against GRPO re-run beside it)" if arm in ("RLOO", "PPO") else ""
+    rerun = " (against GRPO re-run beside it)" if arm in REPAIRED else ""
     if len(g) == 1:  # one cell: its gap and interval, not a range
         return f"{arm} {gap(g[0])} in 1 of {of} cells{rerun}"
     return (f"{arm} {signed(min(x['gap_pp'] for x in g))} to {signed(max(x['gap_pp'] for x in g))} in {where} "

@@ -43,6 +43,21 @@ def map_table(cells: dict) -> tuple[str, dict]:
 REPAIRED = ("RLOO", "PPO")  # arms paired with a GRPO re-run beside them (benchmarks/experiments/baselines_arm.md)
 
 
+def repaired_gaps(report: dict) -> dict:
+    """The ``REPAIRED`` arms' gaps to GRPO (``ARM-GRPO/METRIC`` keys) of a learning.json ``report`` that ran them
+    beside a GRPO re-run: the only gaps of such a report that may join a recorded report's."""
+    return {k: v for k, v in report["gaps"].items() if k.split("/")[0] in {f"{arm}-GRPO" for arm in REPAIRED}}
+
+
+def grpo_rerun_gap(report: dict, recorded: dict) -> dict | None:
+    """The GRPO re-run of ``report`` minus the GRPO of ``recorded`` (two learning.json reports), the primary metric
+    paired by the seeds both ran (pp, ``paired_gap``), or None when they share no seed."""
+    rerun = {r["seed"]: r[PRIMARY_METRIC] for r in report.get("runs", []) if r["arm"] == "GRPO"}
+    old = {r["seed"]: r[PRIMARY_METRIC] for r in recorded.get("runs", []) if r["arm"] == "GRPO"}
+    seeds = sorted(set(rerun) & set(old))
+    return paired_gap(seeds, [100 * (rerun[s] - old[s]) for s in seeds]) if seeds else None
+
+
 def fold_baselines(cells: dict, baselines_dir: Path) -> dict:
     """Fold the gaps of the ``REPAIRED`` arms from ``baselines_dir/CONDITION/learning.json`` (their cell's
     invocation with a GRPO re-run, on another CPU model than the recorded arms) into ``cells`` (condition -> the
@@ -56,14 +71,9 @@ def fold_baselines(cells: dict, baselines_dir: Path) -> dict:
         if not path.exists():
             continue
         b = json.loads(path.read_text())
-        d["gaps"] = {**d["gaps"], **{k: v for k, v in b["gaps"].items()
-                                     if k.split("/")[0] in {f"{arm}-GRPO" for arm in REPAIRED}}}
-        rerun = {r["seed"]: r[PRIMARY_METRIC] for r in b.get("runs", []) if r["arm"] == "GRPO"}
-        recorded = {r["seed"]: r[PRIMARY_METRIC] for r in d.get("runs", []) if r["arm"] == "GRPO"}
-        seeds = sorted(set(rerun) & set(recorded))
+        d["gaps"] = {**d["gaps"], **repaired_gaps(b)}
         out[cond] = {"seeds": b["seeds"], "cpu_models": sorted({r.get("cpu_model") or "?" for r in b.get("runs", [])}),
-                     "grpo_rerun_minus_recorded": paired_gap(seeds, [100 * (rerun[s] - recorded[s]) for s in seeds])
-                     if seeds else None}
+                     "grpo_rerun_minus_recorded": grpo_rerun_gap(b, d)}
     return out
 
 
