@@ -6,7 +6,7 @@ Sharing the iteration-0 evaluation is sound only because every arm of a seed sta
 same random state when it evaluates (the trainer seeds torch's generator from the run's seed; PPO's critic is built
 without drawing from it): the kept evaluation then is the one the arm would have made. The random state after it
 (python, numpy, torch) is kept too and restored, so an arm that reuses it trains exactly as one that evaluated itself
-(tests/test_learning_testbed.py checks both on the tiny model).
+(tests/test_learning_evals.py checks both on the tiny model).
 """
 
 from __future__ import annotations
