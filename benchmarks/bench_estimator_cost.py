@@ -11,7 +11,9 @@ is about memory (benchmarks/experiments/baselines_arm.md, "Cost"); this measures
 
 Flags after ``--`` go to every ``benchmarks/learning.py`` call as they are; with ``--model`` there the record is
 ``bench_estimator_cost_llm.json`` (LoRA on the pretrained model; PPO's critic a second adapter on the same base
-weights with a value head), and the parameter counts are the trainable ones.
+weights with a value head), and the parameter counts are the trainable ones. With ``--model`` one more arm may be
+named: ``PPO-whole``, PPO with the critic the paper's baselines train (``--critic_model policy``: a second whole copy
+of the model, every weight trained, its AdamW state beside it), the memory claim's other side.
 
 One warm-up (``benchmarks/learning.py --warmup_only``), then every arm in turn in its own process
 (``benchmarks/learning.py --arms ARM --workers 1 --reuse_warmup``, single-threaded), from the same warm-up weights,
@@ -39,6 +41,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_ARMS = ["GRPO", "GiGPO", "G2PO", "RLOO", "PPO"]
+# arms of this benchmark that are a map arm run with more learning.py flags (with --model only)
+VARIANTS = {"PPO-whole": ("PPO", ["--critic_model", "policy"])}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,18 +66,24 @@ def run_child(cmd: list[str], log: Path) -> tuple[int, float, float]:
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, time.perf_counter() - t0
 
 
-def adapter_sizes(warmups: Path, seed: int, arm_fields: dict) -> dict:
+def adapter_sizes(warmups: Path, seed: int, arm_fields: dict, whole_critic: bool = False) -> dict:
     """With ``--model``: the trainable parameters of the warm-up's LoRA adapter (``warmups.json``) and, for PPO, of
-    its critic (a second adapter of the same configuration and a scalar value head on the hidden size)."""
+    its critic and a scalar value head on the hidden size: a second adapter of the same configuration, or with
+    ``whole_critic`` the whole decoder (the model's parameters less its output head where that is not tied)."""
     w = json.loads(warmups.read_text())[str(seed)]
     sizes = {"policy_params": w["params"], "policy_trainable_params": w["trainable_params"]}
     if arm_fields.get("estimator") == "ppo":
-        from transformers import AutoConfig
+        from transformers import AutoConfig, AutoModel
 
         from gigpo_trl.models import resolve_model_path
 
-        hidden = AutoConfig.from_pretrained(resolve_model_path(w["settings"]["model"])).hidden_size
-        sizes["critic_trainable_params"] = w["trainable_params"] + hidden + 1
+        path = resolve_model_path(w["settings"]["model"])
+        hidden = AutoConfig.from_pretrained(path).hidden_size
+        if whole_critic:
+            decoder = sum(p.numel() for p in AutoModel.from_pretrained(path).parameters())
+            sizes["critic_trainable_params"] = decoder + hidden + 1
+        else:
+            sizes["critic_trainable_params"] = w["trainable_params"] + hidden + 1
     return sizes
 
 
@@ -117,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     from learning.settings import ARMS
     from results_io import write_result
 
-    unknown = [arm for arm in a.arms if arm not in ARMS]
+    unknown = [arm for arm in a.arms if arm not in ARMS and arm not in VARIANTS]
     if unknown:
-        parser.error(f"unknown arm(s) {unknown}; choose from {sorted(ARMS)}")
+        parser.error(f"unknown arm(s) {unknown}; choose from {sorted(ARMS) + sorted(VARIANTS)}")
     out = Path(a.output_dir)
     warm = out / "warmup"
     base = [sys.executable, str(HERE / "learning.py"), "--condition", a.condition, "--seeds", str(a.seed),
@@ -128,9 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         base += ["--iterations", str(a.iterations)]
     extra = [x for x in a.learning_args if x != "--"]
     llm = "--model" in extra
+    if not llm and any(arm in VARIANTS for arm in a.arms):
+        parser.error(f"{[arm for arm in a.arms if arm in VARIANTS]} need --model after --: the tiny policy's critic "
+                     "is already a whole copy of its decoder")
     base += extra
     warm.mkdir(parents=True, exist_ok=True)
-    rc, _, wall = run_child(base + ["--arms", a.arms[0], "--warmup_only", "--output_dir", str(warm)],
+    map_arm = lambda arm: VARIANTS[arm][0] if arm in VARIANTS else arm  # noqa: E731
+    rc, _, wall = run_child(base + ["--arms", map_arm(a.arms[0]), "--warmup_only", "--output_dir", str(warm)],
                             out / "warmup.log")
     if rc:
         print((out / "warmup.log").read_text()[-3000:], file=sys.stderr)
@@ -142,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(arm_out, ignore_errors=True)  # a fresh run: learning.py skips runs already in runs.jsonl
         arm_out.mkdir(parents=True)
         load_before = os.getloadavg()[0]
-        rc, peak, wall = run_child(base + ["--arms", arm, "--output_dir", str(arm_out)], out / f"{arm}.log")
+        flags = VARIANTS[arm][1] if arm in VARIANTS else []
+        rc, peak, wall = run_child(base + ["--arms", map_arm(arm), *flags, "--output_dir", str(arm_out)],
+                                   out / f"{arm}.log")
         if rc:
             print((out / f"{arm}.log").read_text()[-3000:], file=sys.stderr)
             return rc
         f = arm_figures(arm, arm_out, a.seed, peak, wall, [load_before, os.getloadavg()[0]])
-        f |= (adapter_sizes(warm / "warmups.json", a.seed, ARMS[arm]) if llm
-              else model_sizes(warm / f"seed{a.seed}" / "init", ARMS[arm]))
+        fields = ARMS[map_arm(arm)]
+        f |= (adapter_sizes(warm / "warmups.json", a.seed, fields, whole_critic=arm == "PPO-whole") if llm
+              else model_sizes(warm / f"seed{a.seed}" / "init", fields))
         figures["arms"][arm] = f
         print(f"{arm:>6}: peak {f['peak_rss_mb']:.0f} MB | per iteration: train {f['train_wall_seconds_per_iteration']:.2f}"
               f" s wall, {f['train_cpu_seconds_per_iteration']:.2f} s CPU (rollout {f['rollout_seconds_per_iteration']:.2f}"

@@ -583,6 +583,20 @@ def test_model_refuses_the_tiny_policys_flags_naming_them():
     assert settings.default_results_dir(llm, [700]) == llm.output_dir  # not pre-registered: never results/
 
 
+def test_critic_model_sets_the_ppo_arms_critic_only_with_model(tmp_path):
+    with pytest.raises(ValueError, match="--critic_model policy applies with --model only"):
+        settings.parse_args(["--critic_model", "policy"])
+    folder = _tiny_model_folder(tmp_path / "policy")
+    a = settings.parse_args(["--model", folder, "--condition", "h12", "--seeds", "700", "--critic_model", "policy"])
+    ppo = runner.make_config(a, str(tmp_path / "run"), settings.ARMS["PPO"], 700)
+    assert ppo.critic_model_name_or_path == folder  # 'policy': a second whole copy of the policy's model
+    assert runner.make_config(a, str(tmp_path / "run"), settings.ARMS["GRPO"], 700).critic_model_name_or_path is None
+    lora = settings.parse_args(["--model", folder, "--condition", "h12", "--seeds", "700"])
+    assert runner.make_config(lora, str(tmp_path / "run"), settings.ARMS["PPO"], 700).critic_model_name_or_path is None
+    # a run setting: runs made before the flag existed merge with runs at its default
+    assert "critic_model" in settings.RUN_KEYS and settings.MAP_KEY_DEFAULTS["critic_model"] is None
+
+
 def _tiny_model_folder(path):
     """A tiny Qwen2 + BPE tokenizer (tests/tiny_models.py) saved as a model folder, trained on corridor prompts."""
     from tiny_models import build_tiny_model, build_tiny_tokenizer

@@ -295,3 +295,21 @@ def test_separate_critic_model_trains_and_restores(tmp_path, tiny_model_dir, tin
     torch.testing.assert_close(fresh.critic.value_head.weight, trainer.critic.value_head.weight, rtol=0, atol=0)
     trainer.collector.close()
     fresh.collector.close()
+
+
+def test_a_separate_critic_follows_gradient_checkpointing(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A separate critic model recomputes its activations in the backward when the run sets gradient_checkpointing
+    (the memory the setting promises), and trains to the same weights as without it."""
+    weights = {}
+    for checkpointing in (False, True):
+        args = make_args(tmp_path / str(checkpointing), max_steps=1, gradient_checkpointing=checkpointing,
+                         critic_model_name_or_path=tiny_model_dir)
+        trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
+        assert trainer.critic.model.is_gradient_checkpointing is checkpointing
+        before = [p.detach().clone() for p in trainer.critic.model.parameters()]
+        trainer.train()
+        weights[checkpointing] = [p.detach().clone() for p in trainer.critic.model.parameters()]
+        assert any(not torch.equal(a, b) for a, b in zip(before, weights[checkpointing]))
+        trainer.collector.close()
+    for a, b in zip(weights[False], weights[True]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -76,6 +76,11 @@ def make_config(a, out_dir: str, arm_fields: dict, seed: int) -> GiGPOConfig:
         shared |= {k: CPU_DEFAULTS[k] for k in ("gradient_checkpointing", "gradient_checkpointing_kwargs",
                                                  "max_tokens_per_microbatch")}
         shared |= dict(save_strategy="steps", save_steps=a.spg, save_total_limit=1)
+        if a.critic_model is not None and arm_fields.get("estimator") == "ppo":
+            from gigpo_trl.models import resolve_model_path
+
+            shared["critic_model_name_or_path"] = resolve_model_path(
+                a.model if a.critic_model == "policy" else a.critic_model)
     if a.history_mode is not None:
         shared["history_mode"] = a.history_mode
     # GraphGPO matches states exactly (its graph's nodes); RLOO and PPO group no states (baselines_arm.md)

@@ -145,7 +145,7 @@ RUN_KEYS = WARMUP_KEYS + ("iterations", "eval_every", "eval_every_early", "group
                           "gamma", "eval_tasks", "advantage_mode", "max_completion_length", "sampled_eval_temperature",
                           "condition", "anchor_drops_nuisance", "anchor_similarity_threshold", "max_staleness",
                           "model", "history_mode", "warmup_episodes", "warmup_epochs", "warmup_perturb_rate",
-                          "warmup_demos", "greedy_evals")
+                          "warmup_demos", "greedy_evals", "critic_model")
 
 
 # What a seed's iteration-0 evaluation depends on beside its warm-up (WARMUP_KEYS / LLM_WARMUP_KEYS, the weights,
@@ -161,7 +161,7 @@ START_EVAL_KEYS = ("eval_tasks", "eval_batch", "sampled_eval_temperature", "max_
 MAP_KEY_DEFAULTS = {"nuisance": None, "trap_door": False, "condition": None, "anchor_drops_nuisance": False,
                     "anchor_similarity_threshold": None, "max_staleness": None, "model": None, "history_mode": None,
                     "warmup_episodes": None, "warmup_epochs": None, "warmup_perturb_rate": None,
-                    "warmup_demos": None, "greedy_evals": "schedule"}
+                    "warmup_demos": None, "greedy_evals": "schedule", "critic_model": None}
 
 
 def run_settings_filled(settings: dict | None) -> dict | None:
@@ -172,8 +172,8 @@ def run_settings_filled(settings: dict | None) -> dict | None:
 def parse_args(argv=None):
     """The parsed flags, every default filled in. Raises ValueError naming the flag when a tiny-policy flag
     (``TINY_ONLY``) is given with ``--model``, an expert warm-up flag (``LLM_ONLY``) without it, or ``--model`` with
-    ``--max_staleness`` or without ``--seeds``, or ``--share_start_eval`` with the clock nuisance or
-    ``--max_staleness``; argparse's own errors exit 2."""
+    ``--max_staleness`` or without ``--seeds``, ``--critic_model`` without ``--model``, or ``--share_start_eval``
+    with the clock nuisance or ``--max_staleness``; argparse's own errors exit 2."""
     p = argparse.ArgumentParser(description=PACKAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--testbed", default="corridor", choices=sorted(TESTBEDS))
     p.add_argument("--model", default=None,
@@ -265,6 +265,10 @@ def parse_args(argv=None):
                    help="make a seed's iteration-0 evaluation once, keep it in the seed's warm-up folder (with the "
                         "random state after it) and reuse it in every arm of the seed made with the same settings "
                         "(learning/evaluation.py); refused with the clock nuisance and --max_staleness")
+    p.add_argument("--critic_model", default=None,
+                   help="--model, PPO arms: GiGPOConfig.critic_model_name_or_path; 'policy' is the policy's own model "
+                        "(a second whole copy, trained in full: the paper's critic); default: a second LoRA adapter "
+                        "on the policy's base weights")
     p.add_argument("--workers", type=int, default=2,
                    help="runs in parallel processes (each single-threaded); 1 = one after another")
     p.add_argument("--hidden", type=int, default=None, help="tiny policy: hidden size (64)")
@@ -385,6 +389,9 @@ def _check_model_flags(a) -> None:
         if not a.seeds_given and not (a.report_only or a.quick):  # --quick: seed 0
             raise ValueError(f"--model {a.model} needs --seeds: the LLM's measured seeds are set by its "
                              "pre-registration (benchmarks/experiments/llm_learning.md); design runs use 700+")
+    elif a.critic_model is not None:
+        raise ValueError(f"--critic_model {a.critic_model} applies with --model only (the tiny policy's critic is "
+                         "already a whole copy of its decoder)")
     else:
         given = [key for key in LLM_ONLY if getattr(a, key) is not None]
         if given:

@@ -75,6 +75,10 @@ class CriticMixin:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(args.seed)
             self.critic = Critic(policy, args.critic_model_name_or_path, device)
+        if self.critic.model is not None and args.gradient_checkpointing:
+            # a separate critic keeps the memory the setting promises: its backward recomputes its activations too
+            self.critic.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False})
         params = self.critic.parameters(policy)
         if self.accelerator.num_processes > 1:  # TRL seeds each process differently: start from rank 0's critic
             flat = broadcast(torch.cat([p.detach().reshape(-1).float() for p in params]), from_process=0)
