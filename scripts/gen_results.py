@@ -155,6 +155,13 @@ def cost_table() -> str:
     return tables.cost_table(load_optional("bench_estimator_cost"))
 
 
+def cost_llm_table() -> str:
+    """The estimators' cost with the default LLM (LoRA), PPO's critic as a second adapter and as a whole model."""
+    return tables.cost_table(load_optional("bench_estimator_cost_llm"), tables.cost_missing(
+        "bench_estimator_cost_llm", "python benchmarks/bench_estimator_cost.py --arms GRPO GiGPO G2PO RLOO PPO "
+        "PPO-whole -- --model default ..."))
+
+
 def g2po_table() -> str:
     """G2PO's primary and secondary gaps per map cell and on the headline seeds; "pending" until folded in."""
     m = load("map/map")
@@ -436,12 +443,13 @@ BLOCKS = {  # page -> {block name: render function}
     "README.md": {"headline": headline_table},
     "benchmarks/experiments/map.md": {"map": map_table},
     "benchmarks/experiments/g2po_arm.md": {"g2po": g2po_table},
-    "benchmarks/experiments/baselines_arm.md": {"baselines": baselines_table, "cost": cost_table},
+    "benchmarks/experiments/baselines_arm.md": {"baselines": baselines_table, "cost": cost_table,
+                                                "cost_llm": cost_llm_table},
     "benchmarks/experiments/learning.md": {"learning": learning_table},
     "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
     "benchmarks/README.md": {"index": index_table},
     "docs/memory.md": {"host_memory": host_memory_table},
-    "docs/estimators.md": {"baselines": baselines_table, "cost": cost_table},
+    "docs/estimators.md": {"baselines": baselines_table, "cost": cost_table, "cost_llm": cost_llm_table},
     "docs/performance.md": {"phases": performance_table},
 }
 

@@ -130,17 +130,18 @@ def arm_cells(cells: dict, arm: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ estimator cost
-def cost_missing() -> str:
-    return (f"Not recorded yet: `{COST_COMMAND}` writes `benchmarks/results/bench_estimator_cost.json`, and this "
-            "table is generated from it.")
+def cost_missing(name: str = "bench_estimator_cost", command: str = COST_COMMAND) -> str:
+    return (f"Not recorded yet: `{command}` writes `benchmarks/results/{name}.json`, and this table is generated "
+            "from it.")
 
 
-def cost_table(result: dict | None) -> str:
-    """Per arm of ``bench_estimator_cost.json`` (``result``; ``None``: not recorded): peak resident memory, its
-    difference to GRPO's, seconds per training iteration and their split, rows, held-out success, model sizes and
-    the machine load; then the run's cell, seed, command, commit, date and machine."""
+def cost_table(result: dict | None, missing: str | None = None) -> str:
+    """Per arm of ``bench_estimator_cost.json`` or ``bench_estimator_cost_llm.json`` (``result``; ``None``: not
+    recorded, then ``missing`` or :func:`cost_missing`'s line): peak resident memory, its difference to GRPO's,
+    seconds per training iteration and their split, rows, held-out success, model sizes (trained and whole for the
+    LLM record) and the machine load; then the run's cell, seed, command, commit, date and machine."""
     if result is None:
-        return cost_missing()
+        return missing or cost_missing()
     f = result["figures"]
     arms = f["arms"]
     base = arms.get("GRPO", {}).get("peak_rss_mb")
@@ -150,7 +151,7 @@ def cost_table(result: dict | None) -> str:
     for arm, a in arms.items():
         vs = ("—" if base is None or arm == "GRPO"
               else f"{signed(a['peak_rss_mb'] - base, 0)} MB ({signed(100 * (a['peak_rss_mb'] / base - 1), 0)} %)")
-        params = f"{a['policy_params']:,}" + (f" + critic {a['critic_params']:,}" if "critic_params" in a else "")
+        params = _params(a)
         rows.append(f"| {arm} | {a['peak_rss_mb']:,.0f} | {vs} | {a['train_wall_seconds_per_iteration']:.2f} "
                     f"({a['train_cpu_seconds_per_iteration']:.2f}) | {a['rollout_seconds_per_iteration']:.2f} | "
                     f"{a['advantage_seconds_per_iteration']:.4f} | {a['rest_seconds_per_iteration']:.2f} | "
@@ -162,6 +163,14 @@ def cost_table(result: dict | None) -> str:
                  + f", one run per arm in turn from one warm-up: `{result['command']}` at commit {result['commit']}, "
                    f"{result['date']}, `{result['machine']}`."]
     return "\n".join(rows)
+
+
+def _params(a: dict) -> str:
+    """The parameters column: the policy's (and its critic's); for an LLM record (``--model``) the trained ones."""
+    if "policy_trainable_params" in a:
+        critic = f" + critic {a['critic_trainable_params']:,}" if "critic_trainable_params" in a else ""
+        return f"{a['policy_trainable_params']:,} of {a['policy_params']:,} trained{critic}"
+    return f"{a['policy_params']:,}" + (f" + critic {a['critic_params']:,}" if "critic_params" in a else "")
 
 
 def cost_row(result: dict | None) -> str:

@@ -220,6 +220,20 @@ def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
                         "`python benchmarks/bench_estimator_cost.py` at commit abc1234, 2026-01-02, `test box`.")
     assert ("| peak RSS GRPO 800, PPO 1,200 MB; training CPU s per iteration 3.30 / 4.50 (`h12`, seed 600, one run "
             "each) |") in gen_results.headline_table()
+    # the LLM record (--model): its own block, the trained parameters beside the whole
+    res_llm = res / "bench_estimator_cost_llm.json"
+    assert "<!-- results:cost_llm -->\nNot recorded yet: `python benchmarks/bench_estimator_cost.py --arms" in (
+        gen_results.render("benchmarks/experiments/baselines_arm.md", page))
+    res_llm.write_text(json.dumps({
+        "benchmark": "bench_estimator_cost_llm", "command": "python benchmarks/bench_estimator_cost.py -- --model x",
+        "commit": "abc1234", "date": "2026-01-02", "machine": "test box",
+        "figures": {"condition": "h12", "seed": 800, "arms": {
+            "GRPO": arm(2000.0, 200.0, policy_params=135_000_000, policy_trainable_params=920_000),
+            "PPO-whole": arm(4200.0, 400.0, policy_params=135_000_000, policy_trainable_params=920_000,
+                             critic_trainable_params=134_500_577)}}}))
+    rows = gen_results.cost_llm_table().splitlines()
+    assert rows[3] == ("| PPO-whole | 4,200 | +2200 MB (+110 %) | 400.50 (400.00) | 2.00 | 0.0061 | 1.25 | 512 | "
+                       "0.812 | 920,000 of 135,000,000 trained + critic 134,500,577 | 2.10 \u2192 2.34 |")
 
 
 # ------------------------------------------------------------------------------------- README's report screenshot
