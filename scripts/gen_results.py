@@ -112,6 +112,10 @@ def cost_row() -> str:
     return tables.cost_row(load_optional("bench_estimator_cost"))
 
 
+def llm_row() -> str:
+    return tables.llm_row(load_optional("llm_learning/h12/learning"))
+
+
 def memory_row() -> str:
     s = load("bench_memory")["figures"]["settings"]["checkpointing_on_budget_1024_rows_of_1000"]
     return f"{s['peak_mib'] * 2**20 / 1e9:.2f} GB (CPU)"
@@ -125,6 +129,8 @@ HEADLINE = [
      map_row, "[map](benchmarks/results/map/map.png), [reading](benchmarks/experiments/map.md), "
               "[G2PO](benchmarks/experiments/g2po_arm.md), [RLOO, PPO](benchmarks/experiments/baselines_arm.md), "
               "`benchmarks/learning.py --condition NAME`"),
+    ("an LLM learning from step credit: gap to GRPO, SmolLM2-135M-Instruct with LoRA, corridor `h12`, held-out "
+     "success", llm_row, "[LLM study](benchmarks/experiments/llm_learning.md), `benchmarks/learning.py --model default`"),
     ("memory and time per estimator arm, side by side on one map cell (a critic against none)", cost_row,
      "[baselines](benchmarks/experiments/baselines_arm.md), `benchmarks/bench_estimator_cost.py`"),
     ("estimator speed vs the reference's algorithm", advantage_row, "`benchmarks/bench_advantage.py`"),
@@ -160,6 +166,10 @@ def cost_llm_table() -> str:
     return tables.cost_table(load_optional("bench_estimator_cost_llm"), tables.cost_missing(
         "bench_estimator_cost_llm", "python benchmarks/bench_estimator_cost.py --arms GRPO GiGPO G2PO RLOO PPO "
         "PPO-whole -- --model default ..."))
+
+
+def llm_table() -> str:
+    return tables.llm_table(load_optional("llm_learning/h12/learning"))
 
 
 def g2po_table() -> str:
@@ -446,6 +456,7 @@ BLOCKS = {  # page -> {block name: render function}
     "benchmarks/experiments/baselines_arm.md": {"baselines": baselines_table, "cost": cost_table,
                                                 "cost_llm": cost_llm_table},
     "benchmarks/experiments/learning.md": {"learning": learning_table},
+    "benchmarks/experiments/llm_learning.md": {"llm": llm_table},
     "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
     "benchmarks/README.md": {"index": index_table},
     "docs/memory.md": {"host_memory": host_memory_table},

@@ -183,3 +183,48 @@ def cost_row(result: dict | None) -> str:
     cpu = " / ".join(f"{a['train_cpu_seconds_per_iteration']:.2f}" for a in arms.values())
     return (f"peak RSS {peaks} MB; training CPU s per iteration {cpu} (`{f['condition']}`, seed {f['seed']}, "
             "one run each)")
+
+
+# ------------------------------------------------------------------------------------------ the LLM study
+LLM_PAIRS = ("GiGPO-GRPO", "G2PO-GRPO", "G2PO-GiGPO")  # benchmarks/experiments/llm_learning.md: primary, secondary
+LLM_COMMAND = "benchmarks/experiments/llm_learning.md, \"Runs\""
+
+
+def llm_missing() -> str:
+    return (f"{PENDING}: the pre-registered runs ({LLM_COMMAND}) write "
+            "`benchmarks/results/llm_learning/h12/learning.json`, and this is generated from it")
+
+
+def llm_table(result: dict | None) -> str:
+    """The LLM study's report (``llm_learning/h12/learning.json``; ``None``: not recorded): each pre-registered gap
+    (held-out success sampled at T = 1, mean of the last 3 evaluations; the area under the curve) with its 95 %
+    interval, then per arm the mean over seeds of its iteration-0 and last-3 success, its training CPU seconds per
+    iteration and its largest peak resident memory; then seeds, command, commit, date and machine."""
+    if result is None:
+        return llm_missing() + "."
+    g = result["gaps"]
+    rows = ["| gap | held-out success, sampled T = 1 (primary: the first two) | AUC, T = 1 |", "|---|---|---|"]
+    rows += [f"| {pair_label(p)} | {gap(g[p + '/T=1'], ' pp') if p + '/T=1' in g else PENDING} | "
+             f"{gap(g[p + '/AUC T=1'], ' pp') if p + '/AUC T=1' in g else PENDING} |" for p in LLM_PAIRS]
+    runs = result["runs"]
+    rows += ["", "| arm | success at iteration 0 | success, last 3 evaluations | training CPU s / iteration | "
+                 "peak RSS (MB) |", "|---|---|---|---|---|"]
+    for arm in result["arms"]:
+        mine = [r for r in runs if r["arm"] == arm]
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        start = mean([r["points"][0]["sampled"] for r in mine])
+        rows.append(f"| {arm} | {start:.3f} | {mean([r['headline_sampled'] for r in mine]):.3f} | "
+                    f"{mean([r['train_cpu_seconds_per_iteration'] for r in mine]):.0f} | "
+                    f"{max(r['peak_rss_mb'] for r in mine):,.0f} |")
+    rows += ["", f"Seeds {', '.join(map(str, result['seeds']))} (means over them); `{result['command']}` at commit "
+                 f"{result['commit']}, {result['date']}, `{result['machine']}`."]
+    return "\n".join(rows)
+
+
+def llm_row(result: dict | None) -> str:
+    """README's headline cell of the LLM study: the two primary gaps with their intervals."""
+    if result is None:
+        return llm_missing()
+    g = result["gaps"]
+    return ("; ".join(f"{pair_label(p)} {gap(g[p + '/T=1'], ' pp')}" for p in LLM_PAIRS[:2] if p + "/T=1" in g)
+            + f" ({len(result['seeds'])} seeds)")

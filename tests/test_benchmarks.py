@@ -236,6 +236,36 @@ def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
                        "0.812 | 920,000 of 135,000,000 trained + critic 134,500,577 | 2.10 \u2192 2.34 |")
 
 
+def test_llm_study_table_and_readme_row_from_its_report(tmp_path, monkeypatch):
+    """benchmarks/experiments/llm_learning.md's table and README's row: "pending" without the report; from it, the
+    pre-registered gaps with their intervals and per arm the seeds' means (hand-computed)."""
+    res = _results_copy(tmp_path, monkeypatch)
+    assert gen_results.llm_row().startswith("pending: the pre-registered runs")
+    assert gen_results.llm_table().startswith("pending: ")
+
+    def run(arm, seed, start, last3, cpu, peak):
+        return {"arm": arm, "seed": seed, "points": [{"iteration": 0, "sampled": start}], "headline_sampled": last3,
+                "train_cpu_seconds_per_iteration": cpu, "peak_rss_mb": peak}
+    g = lambda m, lo, hi: {"gap_pp": m, "ci95_pp": [lo, hi]}  # noqa: E731
+    report = {"command": "python benchmarks/learning.py --model default", "commit": "abc1234", "date": "2026-01-02",
+              "machine": "test box", "seeds": [800, 801], "arms": {"GRPO": {}, "GiGPO": {}, "G2PO": {}},
+              "gaps": {"GiGPO-GRPO/T=1": g(3.125, -1.0, 7.25), "GiGPO-GRPO/AUC T=1": g(1.0, -2.0, 4.0),
+                       "G2PO-GRPO/T=1": g(-2.0, -9.5, 5.5), "G2PO-GRPO/AUC T=1": g(0.0, -1.0, 1.0)},
+              "runs": [run("GRPO", 800, 0.25, 0.5, 230.0, 2200.0), run("GRPO", 801, 0.125, 0.25, 240.0, 2300.0),
+                       run("GiGPO", 800, 0.25, 0.5, 231.0, 2210.0), run("GiGPO", 801, 0.125, 0.3125, 241.0, 2310.0),
+                       run("G2PO", 800, 0.25, 0.5, 232.0, 2220.0), run("G2PO", 801, 0.125, 0.25, 242.0, 2320.0)]}
+    (res / "llm_learning" / "h12").mkdir(parents=True)
+    (res / "llm_learning" / "h12" / "learning.json").write_text(json.dumps(report))
+    rows = gen_results.llm_table().splitlines()
+    assert rows[2] == "| GiGPO \u2212 GRPO | +3.1 pp [\u22121.0, +7.2] | +1.0 pp [\u22122.0, +4.0] |"
+    assert rows[4] == "| G2PO \u2212 GiGPO | pending | pending |"
+    assert rows[9] == "| GiGPO | 0.188 | 0.406 | 236 | 2,310 |"
+    assert rows[-1] == ("Seeds 800, 801 (means over them); `python benchmarks/learning.py --model default` at commit "
+                        "abc1234, 2026-01-02, `test box`.")
+    assert gen_results.llm_row() == ("GiGPO \u2212 GRPO +3.1 pp [\u22121.0, +7.2]; G2PO \u2212 GRPO \u22122.0 pp "
+                                     "[\u22129.5, +5.5] (2 seeds)")
+
+
 # ------------------------------------------------------------------------------------- README's report screenshot
 def test_report_screenshot_is_of_the_run_readme_quotes(capsys):
     """docs/images/report_main_job.png is the image its record (report_main_job.json) describes, taken after that
