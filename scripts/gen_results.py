@@ -154,7 +154,9 @@ def map_table() -> str:
 
 
 def baselines_table() -> str:
-    return tables.baselines_table(load("map/map"), headline_gaps(), headline_rerun())
+    b = load_optional("map_baselines/headline/learning")
+    return tables.baselines_table(load("map/map"), headline_gaps(), headline_rerun(),
+                                  tables.critic_quality(b) if b else None)
 
 
 def cost_table() -> str:

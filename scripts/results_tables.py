@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from learning.settings import ARMS, CONDITIONS, HEADLINE_SEEDS, MAP_SEEDS  # noqa: E402
-from learning.map import REPAIRED, grpo_rerun_gap, repaired_gaps  # noqa: E402,F401  (gen_results's headline re-run)
+from learning.map import (REPAIRED, critic_quality, grpo_rerun_gap,  # noqa: E402,F401  (gen_results's headline)
+                          repaired_gaps)
 
 MINUS = "\u2212"
 PENDING = "pending"
@@ -81,21 +82,34 @@ def map_table(m: dict) -> str:
     return "\n".join(rows)
 
 
-def baselines_table(m: dict, gaps: dict, headline_rerun: dict | None = None) -> str:
+def critic_cell(q: dict | None) -> str:
+    """PPO's critic in one cell (``learning.map.critic_quality``): its explained variance at the first iteration →
+    over the last 3, and its mean absolute value error over the last 3; "pending" before PPO ran there."""
+    if not q:
+        return PENDING
+    return (f"{signed(q['explained_variance_first'], 2)} → {signed(q['explained_variance_last3'], 2)} "
+            f"(error {q['value_error_last3']:.2f})")
+
+
+def baselines_table(m: dict, gaps: dict, headline_rerun: dict | None = None,
+                    headline_critic: dict | None = None) -> str:
     """RLOO's and PPO's pre-registered comparisons per map cell (``map.json`` ``m``) and on the headline seeds
     (``gaps``: the headline's, with the baselines' own folded in): held-out success sampled at T = 1, mean of the
-    last 3 evaluations; the last column is GRPO re-run beside them minus the recorded GRPO (``m["baselines"]``,
-    ``headline_rerun``: the same paired gap on the headline seeds), "pending" until run."""
+    last 3 evaluations; then GRPO re-run beside them minus the recorded GRPO (``m["baselines"]``,
+    ``headline_rerun``: the same paired gap on the headline seeds) and what PPO's critic learned
+    (:func:`critic_cell`; ``headline_critic`` on the headline seeds), "pending" until run."""
     heads = [pair_label(p) + (" (primary)" if p.endswith("-GRPO") else "") for p in BASELINE_PAIRS]
-    heads.append(f"GRPO re-run {MINUS} recorded")
+    heads += [f"GRPO re-run {MINUS} recorded", "PPO's critic: explained variance, first → last 3 iterations"]
     rows = ["| cell | seeds | " + " | ".join(heads) + " |", "|---|---" + "|---" * len(heads) + "|"]
     for cell, label in MAP_CELLS.items():
-        rerun = (m.get("baselines", {}).get(cell) or {}).get("grpo_rerun_minus_recorded")
+        folded = m.get("baselines", {}).get(cell) or {}
+        rerun = folded.get("grpo_rerun_minus_recorded")
         rows.append(f"| {label} | {seed_range(MAP_SEEDS)} | "
-                    + " | ".join(cell_gap(m, cell, p) for p in BASELINE_PAIRS) + f" | {gap(rerun) if rerun else PENDING} |")
+                    + " | ".join(cell_gap(m, cell, p) for p in BASELINE_PAIRS)
+                    + f" | {gap(rerun) if rerun else PENDING} | {critic_cell(folded.get('ppo_critic'))} |")
     rows.append(f"| headline corridor (12 rooms) | {seed_range(HEADLINE_SEEDS)} | " + " | ".join(
         gap(gaps[f"{p}/T=1"]) if f"{p}/T=1" in gaps else PENDING for p in BASELINE_PAIRS)
-        + f" | {gap(headline_rerun) if headline_rerun else PENDING} |")
+        + f" | {gap(headline_rerun) if headline_rerun else PENDING} | {critic_cell(headline_critic)} |")
     return "\n".join(rows)
 
 

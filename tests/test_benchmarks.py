@@ -142,7 +142,10 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
     m["gaps_to_grpo"]["h12"] |= {"RLOO": rloo, "PPO": ppo}
     m["gaps_between"]["h12"] |= {"PPO-GiGPO": {"gap_pp": -4.9, "ci95_pp": [-8.1, -1.7]}, "RLOO-GiGPO": rloo}
     m["pending"] = {}
-    m["baselines"] = {"h12": {"grpo_rerun_minus_recorded": {"gap_pp": 1.5, "ci95_pp": [-0.5, 3.5]}}}
+    m["baselines"] = {"h12": {"grpo_rerun_minus_recorded": {"gap_pp": 1.5, "ci95_pp": [-0.5, 3.5]},
+                              "ppo_critic": {"seeds": 8, "explained_variance_first": -4.9224,
+                                             "explained_variance_last3": -0.0303, "value_error_first": 0.99,
+                                             "value_error_last3": 0.486}}}
     (res / "map" / "map.json").write_text(json.dumps(m))
     learning = json.loads((res / "learning.json").read_text())
     learning["gaps"] |= {"RLOO-GRPO/T=1": rloo, "RLOO-GRPO/AUC T=1": ppo, "RLOO-GRPO/greedy": rloo}
@@ -150,13 +153,16 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
 
     rows = gen_results.baselines_table().splitlines()
     assert rows[0] == ("| cell | seeds | RLOO \u2212 GRPO (primary) | PPO \u2212 GRPO (primary) | PPO \u2212 GiGPO | "
-                       "PPO \u2212 G2PO | RLOO \u2212 GiGPO | GRPO re-run \u2212 recorded |")
+                       "PPO \u2212 G2PO | RLOO \u2212 GiGPO | GRPO re-run \u2212 recorded | PPO's critic: explained "
+                       "variance, first \u2192 last 3 iterations |")
     assert rows[3] == ("| `h12` (12 rooms; exact anchors; diffuse failure) | 600-607 | +0.4 [\u22122.0, +2.8] | "
                        "\u22123.2 [\u22126.0, \u22120.5] | \u22124.9 [\u22128.1, \u22121.7] | pending | "
-                       "+0.4 [\u22122.0, +2.8] | +1.5 [\u22120.5, +3.5] |")
-    assert rows[2] == "| `h6` (6 rooms) | 600-607 | pending | pending | pending | pending | pending | pending |"
+                       "+0.4 [\u22122.0, +2.8] | +1.5 [\u22120.5, +3.5] | \u22124.92 \u2192 \u22120.03 (error "
+                       "0.49) |")
+    assert rows[2] == ("| `h6` (6 rooms) | 600-607 | pending | pending | pending | pending | pending | pending | "
+                       "pending |")
     assert rows[-1] == ("| headline corridor (12 rooms) | 200-209 | +0.4 [\u22122.0, +2.8] | pending | pending | "
-                        "pending | pending | pending |")
+                        "pending | pending | pending | pending |")
     table = gen_results.map_table().splitlines()
     assert table[0].endswith("| G2PO \u2212 GRPO | RLOO \u2212 GRPO | PPO \u2212 GRPO |")
     assert table[3].endswith("| +0.4 [\u22122.0, +2.8] | \u22123.2 [\u22126.0, \u22120.5] |")  # h12
@@ -191,7 +197,7 @@ def test_headline_baselines_come_from_their_own_grpo_rerun(tmp_path, monkeypatch
     assert rerun["ci95_pp"] == pytest.approx([2.0 - 38.12, 2.0 + 38.12], abs=0.01)
     assert gen_results.baselines_table().splitlines()[-1] == (
         "| headline corridor (12 rooms) | 200-209 | pending | \u22122.5 [\u22124.0, \u22121.0] | pending | pending | "
-        "pending | +2.0 [\u221236.1, +40.1] |")
+        "pending | +2.0 [\u221236.1, +40.1] | pending |")
 
 
 def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 from learning import runner, settings, statistics, testbeds, warmup  # noqa: E402  (benchmarks/learning/)
+from learning import map as map_module  # noqa: E402
 
 from gigpo_trl.envs.corridor import CorridorEnv  # noqa: E402
 
@@ -395,9 +396,14 @@ def test_map_report_folds_the_baselines_paired_with_their_own_grpo(tmp_path):
                                      for s, v in values.items()]
     write(tmp_path / "map" / "h6", {"seeds": settings.MAP_SEEDS, "is_map_cell": True,
                                     "gaps": {"GiGPO-GRPO/T=1": gap(3.0)}, "runs": runs({600: 0.50, 601: 0.70})})
+    nan = float("nan")  # the critic's explained variance is logged nan where the returns did not vary
+    ppo = [{"arm": "PPO", "seed": 600, "cpu_model": "Xeon", "series": {"critic/explained_variance": [-2.0, nan, -0.5, 0.1, 0.3],
+                                                  "critic/value_error": [0.9, 0.8, 0.5, 0.4, 0.3]}},
+           {"arm": "PPO", "seed": 601, "cpu_model": "Xeon", "series": {"critic/explained_variance": [-1.0, 0.0, 0.0, 0.2, nan],
+                                                  "critic/value_error": [0.7, 0.6, 0.5, 0.5, 0.5]}}]
     write(tmp_path / "map_baselines" / "h6", {
         "seeds": [600, 601], "gaps": {"RLOO-GRPO/T=1": gap(0.5), "PPO-GRPO/T=1": gap(-2.0), "GiGPO-GRPO/T=1": gap(9.0)},
-        "runs": runs({600: 0.55, 601: 0.60}, cpu="Xeon")})
+        "runs": runs({600: 0.55, 601: 0.60}, cpu="Xeon") + ppo})
     assert runner.main(["--map_report", "--map_dir", str(tmp_path / "map")]) == 0
     d = json.loads((tmp_path / "map" / "map.json").read_text())
     assert d["gaps_to_grpo"]["h6"] == {"GiGPO": gap(3.0), "RLOO": gap(0.5), "PPO": gap(-2.0)}
@@ -407,6 +413,12 @@ def test_map_report_folds_the_baselines_paired_with_their_own_grpo(tmp_path):
     assert rerun["grpo_rerun_minus_recorded"]["per_seed_pp"] == pytest.approx({"600": 5.0, "601": -10.0})
     assert rerun["grpo_rerun_minus_recorded"]["gap_pp"] == pytest.approx(-2.5)
     assert rerun["grpo_rerun_minus_recorded"]["ci95_pp"] == pytest.approx([-2.5 - 95.3, -2.5 + 95.3], abs=0.01)
+    # the critic: first iteration (-2.0 + -1.0) / 2; last 3 per seed, nan left out: mean(-0.5, 0.1, 0.3) = -1/30 and
+    # mean(0.0, 0.2) = 0.1, then over the seeds 1/30; value error (0.9 + 0.7) / 2 and (0.4 + 0.5) / 2
+    assert rerun["ppo_critic"] == pytest.approx({"seeds": 2, "explained_variance_first": -1.5,
+                                                 "explained_variance_last3": 0.0333, "value_error_first": 0.8,
+                                                 "value_error_last3": 0.45}, abs=1e-4)
+    assert map_module.critic_quality({"runs": runs({600: 0.5})}) is None  # no PPO run
 
 
 def test_a_complete_cell_reports_to_its_results_folder_and_a_partial_one_does_not():

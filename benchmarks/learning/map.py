@@ -58,13 +58,34 @@ def grpo_rerun_gap(report: dict, recorded: dict) -> dict | None:
     return paired_gap(seeds, [100 * (rerun[s] - old[s]) for s in seeds]) if seeds else None
 
 
+def critic_quality(report: dict) -> dict | None:
+    """How much PPO's critic learned in the runs of a learning.json ``report``: the explained variance of its values
+    (``critic/explained_variance``, 1 − Var(G − V) / Var(G); 0 is a constant, the returns' mean) and its mean
+    absolute value error (``critic/value_error``, in reward units) at the first iteration and over the last 3,
+    each the mean over the seeds (iterations where the returns did not vary, logged nan, left out). None without
+    PPO runs."""
+    runs = [r for r in report.get("runs", []) if r["arm"] == "PPO" and r["series"].get("critic/explained_variance")]
+    if not runs:
+        return None
+
+    def mean(key, part):
+        values = [np.nanmean(part(r["series"][key])) for r in runs]
+        return round(float(np.nanmean(values)), 4)
+
+    first, last3 = (lambda xs: xs[:1]), (lambda xs: xs[-3:])
+    return {"seeds": len(runs), "explained_variance_first": mean("critic/explained_variance", first),
+            "explained_variance_last3": mean("critic/explained_variance", last3),
+            "value_error_first": mean("critic/value_error", first),
+            "value_error_last3": mean("critic/value_error", last3)}
+
+
 def fold_baselines(cells: dict, baselines_dir: Path) -> dict:
     """Fold the gaps of the ``REPAIRED`` arms from ``baselines_dir/CONDITION/learning.json`` (their cell's
     invocation with a GRPO re-run, on another CPU model than the recorded arms) into ``cells`` (condition -> the
     recorded learning.json, changed in place: their ``ARM-GRPO/...`` gaps only, never a gap between them and a
-    recorded arm). Returns, per folded cell, ``{"seeds", "cpu_models", "grpo_rerun_minus_recorded"}``: the re-run
-    GRPO minus the recorded GRPO of the same seeds, the primary metric (pp, paired by seed; the map's
-    reproducibility on another CPU model)."""
+    recorded arm). Returns, per folded cell, ``{"seeds", "cpu_models", "grpo_rerun_minus_recorded", "ppo_critic"}``:
+    the re-run GRPO minus the recorded GRPO of the same seeds, the primary metric (pp, paired by seed; the map's
+    reproducibility on another CPU model), and what PPO's critic learned (:func:`critic_quality`)."""
     out = {}
     for cond, d in cells.items():
         path = baselines_dir / cond / "learning.json"
@@ -73,7 +94,7 @@ def fold_baselines(cells: dict, baselines_dir: Path) -> dict:
         b = json.loads(path.read_text())
         d["gaps"] = {**d["gaps"], **repaired_gaps(b)}
         out[cond] = {"seeds": b["seeds"], "cpu_models": sorted({r.get("cpu_model") or "?" for r in b.get("runs", [])}),
-                     "grpo_rerun_minus_recorded": grpo_rerun_gap(b, d)}
+                     "grpo_rerun_minus_recorded": grpo_rerun_gap(b, d), "ppo_critic": critic_quality(b)}
     return out
 
 
