@@ -15,6 +15,8 @@ weights with a value head), and the parameter counts are the trainable ones. Wit
 named: ``PPO-whole``, PPO with the critic the paper's baselines train (``--critic_model policy``: a second whole copy
 of the model, every weight trained, its AdamW state beside it), the memory claim's other side.
 
+A rerun of the same command resumes: the arms already measured (``OUTPUT_DIR/arms.json``) are kept, not rerun.
+
 One warm-up (``benchmarks/learning.py --warmup_only``), then every arm in turn in its own process
 (``benchmarks/learning.py --arms ARM --workers 1 --reuse_warmup``, single-threaded), from the same warm-up weights,
 with the cell's settings (iterations, evaluations, 128 held-out tasks). Per arm: the child's peak resident memory
@@ -151,7 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     print(f"warm-up (seed {a.seed}, {a.condition}): {wall:.0f} s", flush=True)
     figures = {"condition": a.condition, "seed": a.seed, "arms": {}}
+    # a rerun of the same command keeps the arms already measured (OUTPUT_DIR/arms.json), so a cut run resumes
+    done_path, key = out / "arms.json", {k: v for k, v in vars(a).items() if k not in ("output_dir", "arms")}
+    if done_path.exists():
+        done = json.loads(done_path.read_text())
+        if done["key"] == json.loads(json.dumps(key)):
+            figures["arms"] = {arm: f for arm, f in done["arms"].items() if arm in a.arms}
+            print(f"arms already measured in {done_path}, kept: {', '.join(figures['arms']) or 'none'}", flush=True)
     for arm in a.arms:
+        if arm in figures["arms"]:
+            continue
         arm_out = out / arm
         shutil.rmtree(arm_out, ignore_errors=True)  # a fresh run: learning.py skips runs already in runs.jsonl
         arm_out.mkdir(parents=True)
@@ -167,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         f |= (adapter_sizes(warm / "warmups.json", a.seed, fields, whole_critic=arm == "PPO-whole") if llm
               else model_sizes(warm / f"seed{a.seed}" / "init", fields))
         figures["arms"][arm] = f
+        done_path.write_text(json.dumps({"key": key, "arms": figures["arms"]}, indent=1))
         print(f"{arm:>6}: peak {f['peak_rss_mb']:.0f} MB | per iteration: train {f['train_wall_seconds_per_iteration']:.2f}"
               f" s wall, {f['train_cpu_seconds_per_iteration']:.2f} s CPU (rollout {f['rollout_seconds_per_iteration']:.2f}"
               f", advantages {f['advantage_seconds_per_iteration']:.4f}, rest {f['rest_seconds_per_iteration']:.2f}) | "
               f"{f['rows_per_iteration']:.0f} rows | held-out success {f['held_out_success_last3']:.3f} | load "
               f"{f['load'][0]:.1f} -> {f['load'][1]:.1f}", flush=True)
+    figures["arms"] = {arm: figures["arms"][arm] for arm in a.arms}  # in the order asked, kept arms included
     # the record: the default cell, seed and arms (with --model: whatever flags follow), wherever the runs' folders
     # were kept
     keep = {"output_dir": None, "learning_args": None} if llm else {"output_dir": None}

@@ -246,6 +246,39 @@ def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
                        "0.812 | 920,000 of 135,000,000 trained + critic 134,500,577 | 2.10 \u2192 2.34 |")
 
 
+def test_estimator_cost_rerun_keeps_the_arms_already_measured(tmp_path, monkeypatch):
+    """bench_estimator_cost.py resumes: a rerun of the same command runs only the warm-up and the arms not yet in
+    OUTPUT_DIR/arms.json, and records every arm in the order asked; another command starts afresh."""
+    import bench_estimator_cost as bench
+    import results_io
+
+    calls, written = [], []
+
+    def child(cmd, log):
+        calls.append(cmd[cmd.index("--arms") + 1] + (" warm-up" if "--warmup_only" in cmd else ""))
+        return 0, 100.0 + len(calls), 1.0
+
+    keys = ("train_wall_seconds_per_iteration", "train_cpu_seconds_per_iteration", "rollout_seconds_per_iteration",
+            "advantage_seconds_per_iteration", "rest_seconds_per_iteration", "rows_per_iteration",
+            "held_out_success_last3")
+    monkeypatch.setattr(bench, "run_child", child)
+    monkeypatch.setattr(bench, "arm_figures", lambda arm, out, seed, peak, wall, loads: {
+        "peak_rss_mb": peak, "load": [1.0, 1.0], **dict.fromkeys(keys, 1.0)})
+    monkeypatch.setattr(bench, "model_sizes", lambda init, fields: {})
+    monkeypatch.setattr(results_io, "write_result", lambda name, figures, recorded: written.append(figures))
+    out = str(tmp_path / "cost")
+    assert bench.main(["--arms", "GRPO", "RLOO", "--output_dir", out]) == 0
+    assert calls == ["GRPO warm-up", "GRPO", "RLOO"]
+    calls.clear()
+    assert bench.main(["--arms", "PPO", "GRPO", "RLOO", "--output_dir", out]) == 0
+    assert calls == ["PPO warm-up", "PPO"]  # GRPO and RLOO kept, with their figures
+    assert list(written[-1]["arms"]) == ["PPO", "GRPO", "RLOO"]
+    assert [written[-1]["arms"][arm]["peak_rss_mb"] for arm in ("GRPO", "RLOO")] == [102.0, 103.0]
+    calls.clear()
+    assert bench.main(["--arms", "GRPO", "--iterations", "3", "--output_dir", out]) == 0
+    assert calls == ["GRPO warm-up", "GRPO"]  # another command: nothing kept
+
+
 def test_llm_study_table_and_readme_row_from_its_report(tmp_path, monkeypatch):
     """benchmarks/experiments/llm_learning.md's table and README's row: "pending" without the report; from it, the
     pre-registered gaps with their intervals and per arm the seeds' means (hand-computed)."""
