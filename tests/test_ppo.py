@@ -297,13 +297,15 @@ def test_separate_critic_model_trains_and_restores(tmp_path, tiny_model_dir, tin
     fresh.collector.close()
 
 
-def test_a_separate_critic_follows_gradient_checkpointing(tmp_path, tiny_model_dir, tiny_tokenizer):
-    """A separate critic model recomputes its activations in the backward when the run sets gradient_checkpointing
-    (the memory the setting promises), and trains to the same weights as without it."""
+@pytest.mark.parametrize("by_path", [False, True])
+def test_a_separate_critic_follows_gradient_checkpointing(tmp_path, tiny_model_dir, tiny_tokenizer, by_path):
+    """A separate critic model (the decoder's copy, or by_path the model critic_model_name_or_path names) recomputes
+    its activations in the backward when the run sets gradient_checkpointing (the memory the setting promises), and
+    trains to the same weights as without it."""
+    extra = {"critic_model_name_or_path": tiny_model_dir} if by_path else {}
     weights = {}
     for checkpointing in (False, True):
-        args = make_args(tmp_path / str(checkpointing), max_steps=1, gradient_checkpointing=checkpointing,
-                         critic_model_name_or_path=tiny_model_dir)
+        args = make_args(tmp_path / str(checkpointing), max_steps=1, gradient_checkpointing=checkpointing, **extra)
         trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
         assert trainer.critic.model.is_gradient_checkpointing is checkpointing
         before = [p.detach().clone() for p in trainer.critic.model.parameters()]

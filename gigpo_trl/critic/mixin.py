@@ -76,9 +76,13 @@ class CriticMixin:
             torch.manual_seed(args.seed)
             self.critic = Critic(policy, args.critic_model_name_or_path, device)
         if self.critic.model is not None and args.gradient_checkpointing:
-            # a separate critic keeps the memory the setting promises: its backward recomputes its activations too
+            # a separate critic (a copy of the decoder made here, before Trainer enables checkpointing on the policy,
+            # or a model by path) keeps the memory the setting promises; the kwargs as Trainer reads them for the
+            # policy: every_n_layers and offload are gradient_checkpointing_enable's, the rest torch checkpoint's
+            kwargs = dict(args.gradient_checkpointing_kwargs or {})
             self.critic.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False})
+                every_n_layers=kwargs.pop("every_n_layers", 1), offload=kwargs.pop("offload", False),
+                gradient_checkpointing_kwargs=kwargs or None)
         params = self.critic.parameters(policy)
         if self.accelerator.num_processes > 1:  # TRL seeds each process differently: start from rank 0's critic
             flat = broadcast(torch.cat([p.detach().reshape(-1).float() for p in params]), from_process=0)
