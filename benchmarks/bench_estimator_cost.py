@@ -71,18 +71,21 @@ def run_child(cmd: list[str], log: Path) -> tuple[int, float, float]:
 def adapter_sizes(warmups: Path, seed: int, arm_fields: dict, whole_critic: bool = False) -> dict:
     """With ``--model``: the trainable parameters of the warm-up's LoRA adapter (``warmups.json``) and, for PPO, of
     its critic and a scalar value head on the hidden size: a second adapter of the same configuration, or with
-    ``whole_critic`` the whole decoder (the model's parameters less its output head where that is not tied)."""
+    ``whole_critic`` the whole decoder (the model's parameters less its output head where that is not tied; counted
+    on the meta device, no weights loaded)."""
     w = json.loads(warmups.read_text())[str(seed)]
     sizes = {"policy_params": w["params"], "policy_trainable_params": w["trainable_params"]}
     if arm_fields.get("estimator") == "ppo":
+        import torch
         from transformers import AutoConfig, AutoModel
 
         from gigpo_trl.models import resolve_model_path
 
-        path = resolve_model_path(w["settings"]["model"])
-        hidden = AutoConfig.from_pretrained(path).hidden_size
+        config = AutoConfig.from_pretrained(resolve_model_path(w["settings"]["model"]))
+        hidden = config.hidden_size
         if whole_critic:
-            decoder = sum(p.numel() for p in AutoModel.from_pretrained(path).parameters())
+            with torch.device("meta"):
+                decoder = sum(p.numel() for p in AutoModel.from_config(config).parameters())
             sizes["critic_trainable_params"] = decoder + hidden + 1
         else:
             sizes["critic_trainable_params"] = w["trainable_params"] + hidden + 1
@@ -145,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                      "is already a whole copy of its decoder")
     base += extra
     warm.mkdir(parents=True, exist_ok=True)
-    map_arm = lambda arm: VARIANTS[arm][0] if arm in VARIANTS else arm  # noqa: E731
-    rc, _, wall = run_child(base + ["--arms", map_arm(a.arms[0]), "--warmup_only", "--output_dir", str(warm)],
+    variant = lambda arm: VARIANTS.get(arm, (arm, []))  # noqa: E731  (the map arm and its extra flags)
+    rc, _, wall = run_child(base + ["--arms", variant(a.arms[0])[0], "--warmup_only", "--output_dir", str(warm)],
                             out / "warmup.log")
     if rc:
         print((out / "warmup.log").read_text()[-3000:], file=sys.stderr)
@@ -167,16 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(arm_out, ignore_errors=True)  # a fresh run: learning.py skips runs already in runs.jsonl
         arm_out.mkdir(parents=True)
         load_before = os.getloadavg()[0]
-        flags = VARIANTS[arm][1] if arm in VARIANTS else []
-        rc, peak, wall = run_child(base + ["--arms", map_arm(arm), *flags, "--output_dir", str(arm_out)],
+        map_arm, flags = variant(arm)
+        rc, peak, wall = run_child(base + ["--arms", map_arm, *flags, "--output_dir", str(arm_out)],
                                    out / f"{arm}.log")
         if rc:
             print((out / f"{arm}.log").read_text()[-3000:], file=sys.stderr)
             return rc
         f = arm_figures(arm, arm_out, a.seed, peak, wall, [load_before, os.getloadavg()[0]])
-        fields = ARMS[map_arm(arm)]
-        f |= (adapter_sizes(warm / "warmups.json", a.seed, fields, whole_critic=arm == "PPO-whole") if llm
-              else model_sizes(warm / f"seed{a.seed}" / "init", fields))
+        f |= (adapter_sizes(warm / "warmups.json", a.seed, ARMS[map_arm], whole_critic="--critic_model" in flags)
+              if llm else model_sizes(warm / f"seed{a.seed}" / "init", ARMS[map_arm]))
         figures["arms"][arm] = f
         done_path.write_text(json.dumps({"key": key, "arms": figures["arms"]}, indent=1))
         print(f"{arm:>6}: peak {f['peak_rss_mb']:.0f} MB | per iteration: train {f['train_wall_seconds_per_iteration']:.2f}"

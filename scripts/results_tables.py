@@ -165,11 +165,10 @@ def cost_table(result: dict | None, missing: str | None = None) -> str:
     for arm, a in arms.items():
         vs = ("—" if base is None or arm == "GRPO"
               else f"{signed(a['peak_rss_mb'] - base, 0)} MB ({signed(100 * (a['peak_rss_mb'] / base - 1), 0)} %)")
-        params = _params(a)
         rows.append(f"| {arm} | {a['peak_rss_mb']:,.0f} | {vs} | {a['train_wall_seconds_per_iteration']:.2f} "
                     f"({a['train_cpu_seconds_per_iteration']:.2f}) | {a['rollout_seconds_per_iteration']:.2f} | "
                     f"{a['advantage_seconds_per_iteration']:.4f} | {a['rest_seconds_per_iteration']:.2f} | "
-                    f"{a['rows_per_iteration']:,.0f} | {a['held_out_success_last3']:.3f} | {params} | "
+                    f"{a['rows_per_iteration']:,.0f} | {a['held_out_success_last3']:.3f} | {_params(a)} | "
                     f"{a['load'][0]:.2f} → {a['load'][1]:.2f} |")
     iters = {a.get("iterations") for a in arms.values()} - {None}
     rows += ["", f"Cell `{f['condition']}`, seed {f['seed']}"
@@ -223,9 +222,9 @@ def llm_table(result: dict | None) -> str:
     runs = result["runs"]
     rows += ["", "| arm | success at iteration 0 | success, last 3 evaluations | training CPU s / iteration | "
                  "peak RSS (MB) |", "|---|---|---|---|---|"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for arm in result["arms"]:
         mine = [r for r in runs if r["arm"] == arm]
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         start = mean([r["points"][0]["sampled"] for r in mine])
         rows.append(f"| {arm} | {start:.3f} | {mean([r['headline_sampled'] for r in mine]):.3f} | "
                     f"{mean([r['train_cpu_seconds_per_iteration'] for r in mine]):.0f} | "

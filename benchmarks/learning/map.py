@@ -68,11 +68,10 @@ def critic_quality(report: dict) -> dict | None:
     if not runs:
         return None
 
-    def mean(key, part):
-        values = [np.nanmean(part(r["series"][key])) for r in runs]
-        return round(float(np.nanmean(values)), 4)
+    def mean(key, part: slice):
+        return round(float(np.nanmean([np.nanmean(r["series"][key][part]) for r in runs])), 4)
 
-    first, last3 = (lambda xs: xs[:1]), (lambda xs: xs[-3:])
+    first, last3 = slice(None, 1), slice(-3, None)
     return {"seeds": len(runs), "explained_variance_first": mean("critic/explained_variance", first),
             "explained_variance_last3": mean("critic/explained_variance", last3),
             "value_error_first": mean("critic/value_error", first),
