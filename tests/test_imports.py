@@ -179,10 +179,12 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # public names, no import statement) is above them all.
 LAYERS = (
     ("trl_compat", "models"),
-    ("envs", "advantage", "critic"),  # critic: PEFT adapter + value head, its trainer hooks through trl_compat
+    # forward: the model's forwards over rows (trl_compat and models only); critic: PEFT adapter + value head, its
+    # forwards built as the policy's (forward), its trainer hooks through trl_compat
+    ("envs", "advantage", "forward", "critic"),
     ("checks",),  # configuration checks: they take the config's values, never import config
     ("config",),
-    ("generation", "forward"),
+    ("generation",),
     ("rollout", "records", "observers"),  # observers name the rollout's row types; the collector calls them
     ("checkpoint", "warmup"),
     ("trainer",),

@@ -12,7 +12,7 @@ from toy_env import NoisyLineWalkEnv
 
 from gigpo_trl import GiGPOConfig, GiGPOTrainer
 from gigpo_trl.advantage.gae import row_rewards, token_gae, turn_gae, whiten
-from gigpo_trl.critic import CRITIC_NAME, budget_chunks, clipped_value_loss
+from gigpo_trl.critic import CRITIC_NAME, clipped_value_loss
 from gigpo_trl.observers import RolloutObserver
 
 
@@ -38,13 +38,6 @@ def test_clipped_value_loss_by_hand():
     assert clipped.item() == 2.0
     loss.backward()  # the clipped entries carry no gradient to V; the plain one 2 (V - G) = 0.6
     torch.testing.assert_close(V.grad, torch.tensor([0.0, 0.6, 0.0, 0.0]))
-
-
-def test_budget_chunks_by_hand():
-    # budget 10 padded tokens: [4, 5] -> 2 x 5 = 10 fits; adding 3 -> 3 x 5 = 15 does not; [3, 2] -> 6; 12 alone
-    assert budget_chunks([4, 5, 3, 2, 12, 1], 10) == [[0, 1], [2, 3], [4], [5]]
-    assert budget_chunks([4, 5], None) == [[0, 1]]
-    assert budget_chunks([], 10) == []
 
 
 def test_config_resolves_ppo_and_refuses_bad_values(tmp_path):
@@ -110,16 +103,17 @@ def test_the_critic_leaves_the_policys_random_draws_as_without_it(tmp_path, tiny
     assert torch.equal(head(ppo), head(again)) and not torch.equal(head(ppo), head(other))
 
 
-@pytest.mark.parametrize("level, history_mode, checkpointing", [("token", "window", False), ("turn", "window", True),
-                                                                 ("token", "conversation", True)])
+@pytest.mark.parametrize("level, history_mode, checkpointing, budget", [
+    ("token", "window", False, 64), ("turn", "window", True, 64),
+    ("token", "conversation", True, 1024), ("turn", "conversation", False, 1024)])  # a budget that chains fit in
 def test_ppo_trains_the_critic_and_the_policy_gets_gae(tmp_path, tiny_model_dir, tiny_tokenizer, level, history_mode,
-                                                       checkpointing):
-    """One rollout, two optimizer steps, token budget 64: the advantages TRL's loss receives are the whitened GAE of
+                                                       checkpointing, budget):
+    """One rollout, two optimizer steps, a token budget: the advantages TRL's loss receives are the whitened GAE of
     the critic's values (computed here row by row, unpadded); the critic's adapter and head change, the policy's
-    adapter too; the critic's metrics are logged. In conversation mode the policy's forwards run trajectory chains,
-    the critic's plain ones; under gradient checkpointing the critic's backward replays its forward with its own
-    adapter active."""
-    args = make_args(tmp_path, max_steps=2, gae_level=level, gamma=0.9, lam=0.8, max_tokens_per_microbatch=64,
+    adapter too; the critic's metrics are logged. The critic's forwards share prefixes and, in conversation mode,
+    run trajectory chains, as the policy's do: the values equal the row-by-row ones; under gradient checkpointing the
+    critic's backward replays its forward with its own adapter active."""
+    args = make_args(tmp_path, max_steps=2, gae_level=level, gamma=0.9, lam=0.8, max_tokens_per_microbatch=budget,
                      history_mode=history_mode, gradient_checkpointing=checkpointing)
     trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer,
                            peft_config=_lora())

@@ -108,7 +108,9 @@ class CriticMixin:
         args, level = self.args, self.args.gae_level
         policy = self.accelerator.unwrap_model(self.model)
         real = torch.nonzero(output["real_row_mask"][: len(rows)]).flatten().tolist()
-        V = self.critic.values(policy, output, level, real, args.max_tokens_per_microbatch).double().cpu().numpy()
+        V = self.critic.values(policy, output, level, real, args.max_tokens_per_microbatch,
+                               self._critic_shares(policy, training=False), self.pad_to_multiple_of)
+        V = V.double().cpu().numpy()
         reward = np.array([r.reward for r in rows], dtype=np.float64)
         valid = np.array([r.action_valid for r in rows], dtype=bool)
         trajectory = [(r.group_id, r.trajectory_id) for r in rows]
@@ -142,6 +144,13 @@ class CriticMixin:
             logged["critic/value_error"].append(sums[7] / n)
             logged["critic/value_mean"].append(sums[8] / n)
             logged["critic/return_mean"].append(g_mean)
+
+    def _critic_shares(self, policy, training: bool) -> bool:
+        """Whether the critic's forwards share prefixes and chains: as the policy's would
+        (:meth:`~gigpo_trl.forward.mixin.ForwardMixin._prefix_sharing_reason`), asked of the critic's own model when it
+        has one."""
+        model = self.critic.model if self.critic.model is not None else policy
+        return self._prefix_sharing_reason(model, training) is None
 
     def _global_sums(self, A, G, V, mask) -> list[float]:
         """Sums over every process's value positions: count, ΣA, ΣA², ΣG, ΣG², Σ(G−V), Σ(G−V)², Σ|G−V|, ΣV."""
@@ -180,11 +189,13 @@ class CriticMixin:
             return
         total, clipped = 0.0, 0.0
         scale = args.vf_coef / count / args.gradient_accumulation_steps
-        for chunk in self.critic.row_chunks(inputs, level, rows, args.max_tokens_per_microbatch):
-            index = torch.tensor(chunk, device=inputs["prompt_ids"].device)
-            mask = inputs["completion_mask"][index] if level == "token" else torch.ones(len(chunk), device=index.device)
+        sharing = self._critic_shares(policy, training=True)
+        for forward in self.critic.forwards(inputs, level, rows, args.max_tokens_per_microbatch, sharing,
+                                            self.pad_to_multiple_of):
+            index = torch.tensor(forward[0], device=inputs["prompt_ids"].device)
+            mask = inputs["completion_mask"][index] if level == "token" else torch.ones(len(index), device=index.device)
             with self.critic.active(policy):
-                values = self.critic.chunk_values(policy, inputs, level, chunk)
+                values = self.critic.pack_values(policy, inputs, level, forward)
                 loss, n_clipped = clipped_value_loss(values, inputs["old_values"][index], inputs["returns"][index],
                                                      mask, args.cliprange_value)
                 (loss * scale).backward()

@@ -3,8 +3,12 @@ adapter on the policy's own base model (PEFT: one copy of the base weights) or a
 
 :class:`Critic` computes values of TRL-style batches (left-padded prompts, right-padded completions) in forwards of
 at most ``max_tokens_per_microbatch`` padded tokens, and saves / loads itself in a folder (``critic/`` of a
-checkpoint or of the output directory). Its forward is a plain one, separate from the policy's: no shared prefixes
-or trajectory chains (each row whole), one more forward over the rows per scoring pass and per training micro-batch.
+checkpoint or of the output directory). Its forwards are separate from the policy's (one more forward over the rows
+per scoring pass and per training micro-batch) but built the same way (:mod:`gigpo_trl.forward`): rows packed for the
+budget by the policy's packer, and, where the policy's forward would share them, shared prompt prefixes
+(:func:`~gigpo_trl.forward.prefix.shared_prefix_hidden`) and trajectory chains (a turn's values are one gather from its
+trajectory's chained forward, :meth:`~gigpo_trl.forward.chains.ChainBatch.gather`). Same values as the plain forward
+of each row whole, up to float rounding.
 """
 
 from __future__ import annotations
@@ -16,27 +20,15 @@ import os
 import torch
 from torch import nn
 
+from ..forward.chains import chain_batch, plan_chains
+from ..forward.layout import BatchRows, batch_rows, forward_input
+from ..forward.mixin import forward_kind
+from ..forward.packing import pack_for_forward
+from ..forward.prefix import plan_prefix_groups, shared_prefix_hidden
+
 #: The PEFT adapter name of the critic, and the folder of a checkpoint / output directory holding the critic.
 CRITIC_NAME = "critic"
 VALUE_HEAD_FILE = "value_head.safetensors"
-
-
-def budget_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
-    """Consecutive row chunks whose row count × longest length stays within ``budget`` padded tokens (a row longer
-    than the budget alone); ``None``: one chunk of every row. Indices into ``lengths``."""
-    if not lengths:
-        return []
-    if budget is None:
-        return [list(range(len(lengths)))]
-    chunks, current, longest = [], [], 0
-    for i, n in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, n) > budget:
-            chunks.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    chunks.append(current)
-    return chunks
 
 
 def _decoder(causal_lm):
@@ -105,51 +97,97 @@ class Critic:
         """``(B, L)`` float32 values at every column of the padded rows ``ids`` / ``mask`` (positions from the mask,
         so padding does not change them); with gradient when grad mode is on. Call inside :meth:`active`."""
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        decoder = self.model if self.model is not None else _decoder(policy.get_base_model())
-        out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-        return self.value_head(out.last_hidden_state.float()).squeeze(-1)
+        out = self._body(policy)(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        return self._head(out.last_hidden_state)
 
-    def chunk_values(self, policy, batch: dict, level: str, rows: list[int]) -> torch.Tensor:
-        """Values of ``rows`` of a TRL batch dict (``prompt_ids``/``prompt_mask`` left-padded ``(B, P)``,
-        ``completion_ids``/``completion_mask`` right-padded ``(B, C)``) in one forward trimmed to their longest
-        prompt and completion. ``level="token"``: ``(len(rows), C)``, column ``j`` the value before completion token
-        ``j`` (read at the column that predicts it), 0 where the completion mask is 0; ``level="turn"``:
-        ``(len(rows),)``, the value at the row's last prompt token (a forward of the prompt only). Call inside
-        :meth:`active`; with gradient when grad mode is on."""
-        prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
-        index = torch.tensor(rows, device=prompt_ids.device, dtype=torch.long)
-        P, width = prompt_ids.size(1), completion_ids.size(1)
-        wp = int(prompt_mask[index].sum(1).max())
-        ids, mask = prompt_ids[index, P - wp:], prompt_mask[index, P - wp:]
+    def forwards(self, batch: dict, level: str, rows: list[int], budget: int | None, sharing: bool,
+                 pad_to_multiple_of: int | None = None) -> list[tuple[list[int], str, BatchRows]]:
+        """The forwards that compute the values of ``rows`` of a TRL batch dict (``prompt_ids``/``prompt_mask``
+        left-padded ``(B, P)``, ``completion_ids``/``completion_mask`` right-padded ``(B, C)``): ``[(rows, kind,
+        their BatchRows)]``, each row once.
+
+        ``kind`` is the policy's choice (:func:`~gigpo_trl.forward.mixin.forward_kind`; ``sharing``: the model can
+        share prefixes): ``"chains"`` reads a turn's values from its trajectory's chained forward, or shares prefixes
+        where no row extends another (for ``level="turn"`` only when some row does and every row has a completion
+        token: the value at completion column 0); ``"prefix"`` shares prompt prefixes (``level="turn"``: over the
+        prompts alone); ``"plain"`` runs each row whole. Rows are packed by
+        :func:`~gigpo_trl.forward.packing.pack_for_forward` within ``budget`` padded tokens as that forward counts
+        them (``None``: one forward)."""
+        if not rows:
+            return []
+        ids, mask, width = forward_input(batch)
+        table = batch_rows(ids, mask, width)
+        kind = forward_kind(table.prompts, table.completions, sharing)
+        if level == "turn" and (kind != "chains" or min(table.completion_lengths[i] for i in rows) == 0
+                                or not plan_chains(table.prompts, table.completions, full=table.full).chained_rows):
+            table = batch_rows(batch["prompt_ids"], batch["prompt_mask"], 0)  # the prompts alone
+            kind = "plain" if kind == "plain" else "prefix"
+        if budget is None:
+            packs = [list(rows)]
+        else:
+            packs = pack_for_forward(kind, rows, table.prompt_lengths, table.completion_lengths, table.prompts,
+                                     table.completions, budget, pad_to_multiple_of, table.full)
+        return [(pack, kind, table.take(pack)) for pack in packs]
+
+    def pack_values(self, policy, batch: dict, level: str, forward: tuple[list[int], str, BatchRows]) -> torch.Tensor:
+        """Values of one forward of :meth:`forwards`, trimmed to its rows' longest prompt and completion.
+        ``level="token"``: ``(len(rows), C)``, column ``j`` the value before completion token ``j`` (read at the
+        position that predicts it), 0 where the completion mask is 0; ``level="turn"``: ``(len(rows),)``, the value at
+        the row's last prompt token. Call inside :meth:`active`; with gradient when grad mode is on."""
+        rows, kind, table = forward
+        index = torch.tensor(rows, device=batch["prompt_ids"].device, dtype=torch.long)
+        P, width = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+        wp = max(max(table.prompt_lengths), 1)
+        ids, mask = batch["prompt_ids"][index, P - wp:], batch["prompt_mask"][index, P - wp:]
+        whole_rows = level == "token" or kind == "chains"
+        wc = max(max(table.completion_lengths), 1) if whole_rows else 0
+        if whole_rows:
+            c_mask = batch["completion_mask"][index, :wc]
+            ids = torch.cat([ids, batch["completion_ids"][index, :wc]], dim=1)
+            mask = torch.cat([mask, c_mask], dim=1)
+        if kind == "chains":
+            plan = plan_chains(table.prompts, table.completions, full=table.full)
+            units = chain_batch(ids, mask, wc, plan) if plan.chained_rows else None
+            if units is not None and units.prefix_plan.padded_tokens() < ids.numel():
+                hidden, s, prefix_hidden = shared_prefix_hidden(self._body(policy), units.input_ids,
+                                                                units.attention_mask, units.completion_width,
+                                                                units.prefix_plan)
+                unit_c = units.completion_width
+                v = units.gather(self._head(hidden[:, s - 1 : s - 1 + unit_c]), self._head(prefix_hidden))
+                return v[:, 0] if level == "turn" else torch.nn.functional.pad(v * c_mask, (0, width - wc))
+            kind = "prefix"
+        v = None
+        if kind == "prefix":
+            plan = plan_prefix_groups(table.prompts, wc)
+            if plan.padded_tokens() < plan.unshared_tokens():
+                hidden, s, _ = shared_prefix_hidden(self._body(policy), ids, mask, wc, plan)
+                v = self._head(hidden[:, s - 1 : s - 1 + max(wc, 1)])
+        if v is None:
+            v = self.hidden_values(policy, ids, mask)[:, wp - 1 : wp - 1 + max(wc, 1)]
         if level == "turn":
-            return self.hidden_values(policy, ids, mask)[:, wp - 1]
-        wc = max(int(completion_mask[index].sum(1).max()), 1)
-        c_mask = completion_mask[index, :wc]
-        v = self.hidden_values(policy, torch.cat([ids, completion_ids[index, :wc]], dim=1),
-                               torch.cat([mask, c_mask], dim=1))
-        return torch.nn.functional.pad(v[:, wp - 1: wp - 1 + wc] * c_mask, (0, width - wc))
+            return v[:, 0]
+        return torch.nn.functional.pad(v * c_mask, (0, width - wc))
 
-    def row_chunks(self, batch: dict, level: str, rows: list[int], budget: int | None) -> list[list[int]]:
-        """``rows`` in consecutive chunks of at most ``budget`` padded tokens for :meth:`chunk_values`
-        (:func:`budget_chunks` on each row's prompt, plus completion for ``level="token"``)."""
-        lengths = batch["prompt_mask"][rows].sum(1)
-        if level == "token":
-            lengths = lengths + batch["completion_mask"][rows].sum(1)
-        return [[rows[i] for i in chunk] for chunk in budget_chunks(lengths.tolist(), budget)]
+    def _body(self, policy):
+        """The decoder the critic's forward runs: its own model, or the policy's base decoder (adapter critic)."""
+        return self.model if self.model is not None else _decoder(policy.get_base_model())
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.value_head(hidden.float()).squeeze(-1)
 
     @torch.no_grad()
-    def values(self, policy, batch: dict, level: str, rows: list[int], budget: int | None) -> torch.Tensor:
-        """:meth:`chunk_values` of ``rows``, no gradient, in forwards of at most ``budget`` padded tokens (``None``:
-        one), concatenated in the order of ``rows``; shape ``(len(rows), C)`` or ``(len(rows),)``."""
-        out = []
+    def values(self, policy, batch: dict, level: str, rows: list[int], budget: int | None, sharing: bool,
+               pad_to_multiple_of: int | None = None) -> torch.Tensor:
+        """Values of ``rows`` (:meth:`pack_values` of each of :meth:`forwards`), no gradient, in the order of
+        ``rows``; shape ``(len(rows), C)`` or ``(len(rows),)``."""
+        device = batch["prompt_ids"].device
+        shape = (len(rows), batch["completion_ids"].size(1)) if level == "token" else (len(rows),)
+        out = torch.zeros(shape, device=device)
+        place = {r: k for k, r in enumerate(rows)}
         with self.active(policy):
-            for chunk in self.row_chunks(batch, level, rows, budget):
-                out.append(self.chunk_values(policy, batch, level, chunk))
-        if not out:
-            shape = (0, batch["completion_ids"].size(1)) if level == "token" else (0,)
-            return torch.zeros(shape, device=batch["prompt_ids"].device)
-        return torch.cat(out)
+            for forward in self.forwards(batch, level, rows, budget, sharing, pad_to_multiple_of):
+                out[[place[r] for r in forward[0]]] = self.pack_values(policy, batch, level, forward).to(out.dtype)
+        return out
 
     # ------------------------------------------------------------------ save / load
     def save(self, folder: str, policy) -> None:
@@ -195,4 +233,4 @@ class Critic:
             policy.set_adapter(self.policy_adapter)  # PEFT's load_adapter of the critic's folder made it inactive
 
 
-__all__ = ["CRITIC_NAME", "VALUE_HEAD_FILE", "Critic", "budget_chunks"]
+__all__ = ["CRITIC_NAME", "VALUE_HEAD_FILE", "Critic"]

@@ -16,7 +16,7 @@ Modules and their public names (import them from the module; this package import
   :func:`pack_rows_chained`, :func:`pack_for_forward`, :func:`scoring_sub_batches`, :func:`take_rows`,
   :func:`sub_batch_widths`, :func:`drop_filler_rows`;
 - :mod:`~gigpo_trl.forward.prefix`: the shared-prefix forward: :class:`PrefixPlan`, :func:`plan_prefix_groups`,
-  :func:`shared_prefix_logps`, :func:`shared_prefix_forward`, :func:`unsupported_reason`;
+  :func:`shared_prefix_logps`, :func:`shared_prefix_forward`, :func:`shared_prefix_hidden`, :func:`unsupported_reason`;
 - :mod:`~gigpo_trl.forward.chains`: trajectory chains: :class:`ChainPlan`, :class:`ChainBatch`, :func:`plan_chains`,
   :func:`plan_unit_prefixes`, :func:`chain_batch`, :func:`chain_logps`, :func:`unique_tokens`;
 - :mod:`~gigpo_trl.forward.positions`: :func:`positions_from_mask`, :func:`install_mask_positions`;

@@ -178,6 +178,13 @@ class ChainBatch:
         one-token dummy prefix when no unit shares one (the padded count: ``prefix_plan.padded_tokens()``)."""
         return self.prefix_plan.computed_tokens(int(self.attention_mask.sum()))
 
+    def gather(self, values: torch.Tensor, prefix_values: torch.Tensor | None) -> torch.Tensor:
+        """Per member row, ``(B, logits_to_keep)``: the value at each completion token's place (:attr:`source`) in
+        the suffix pass's ``values`` ``(U, C)`` and, when :attr:`prefix_labels` is set, the prefix pass's
+        ``prefix_values`` ``(G, P)``; 0 past a row's completion. Differentiable."""
+        parts = [values.reshape(-1)] + ([] if self.prefix_labels is None else [prefix_values.reshape(-1)])
+        return torch.cat([*parts, values.new_zeros(1)])[self.source]
+
 
 def plan_unit_prefixes(leaves: TokenKeys, heads: Sequence[int], first_labels: Sequence[int | None]
                        ) -> tuple[tuple[int, ...], PrefixPlan, bool]:
@@ -291,12 +298,7 @@ def chain_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, lo
     logps, entropies, prefix_logps, prefix_entropies = shared_prefix_forward(
         model, units.input_ids, units.attention_mask, units.completion_width, units.prefix_plan, compute_entropy,
         autocast, label_mask=units.label_mask, prefix_labels=units.prefix_labels)
-
-    def gather(values: torch.Tensor, prefix_values: torch.Tensor | None) -> torch.Tensor:
-        parts = [values.reshape(-1)] + ([] if prefix_values is None else [prefix_values.reshape(-1)])
-        return torch.cat([*parts, values.new_zeros(1)])[units.source]
-
-    return gather(logps, prefix_logps), (gather(entropies, prefix_entropies) if compute_entropy else None)
+    return units.gather(logps, prefix_logps), (units.gather(entropies, prefix_entropies) if compute_entropy else None)
 
 
 __all__ = ["ChainBatch", "ChainPlan", "chain_batch", "chain_logps", "plan_chains", "plan_unit_prefixes", "unique_tokens"]

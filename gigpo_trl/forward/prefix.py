@@ -260,6 +260,70 @@ def _labels(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int, label_ma
     return labels
 
 
+class _TwoPasses:
+    """The inputs of :func:`shared_prefix_forward`'s two passes over one chunk: ``prefix`` and ``suffix`` (the keyword
+    arguments of each forward, ``past_key_values`` aside), the suffix rows' own mask ``suffix_mask`` ``(B, S + C)``
+    and ``suffix_width`` ``S`` (its prompt columns: every row's last prompt token at column ``S − 1``)."""
+
+    def __init__(self, prefix: dict, suffix: dict, suffix_mask: torch.Tensor, suffix_width: int, index: torch.Tensor):
+        self.prefix, self.suffix, self.suffix_mask, self.suffix_width, self.index = \
+            prefix, suffix, suffix_mask, suffix_width, index
+
+    def read(self, record: Cache) -> Cache:
+        """The suffix pass's read-only cache over the prefix pass's recorded keys/values."""
+        return Cache(layers=[_ReadLayer(layer.keys, layer.values, self.index) for layer in record.layers])
+
+
+def _two_pass_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                     plan: PrefixPlan) -> _TwoPasses:
+    device = input_ids.device
+    b, total = input_ids.shape
+    c = logits_to_keep
+    width = total - c
+    g_count = len(plan.prefix_lengths)
+    # ---- prefix batch (G, P), left-padded
+    p_width = max(plan.prefix_width, 1)
+    prefix_ids = input_ids.new_zeros((max(g_count, 1), p_width))
+    prefix_mask = attention_mask.new_zeros((max(g_count, 1), p_width))
+    for g, (length, r) in enumerate(zip(plan.prefix_lengths, plan.representative)):
+        start = width - plan.prompt_lengths[r]
+        prefix_ids[g, p_width - length:] = input_ids[r, start : start + length]
+        prefix_mask[g, p_width - length:] = 1
+    if g_count == 0:  # dummy one-token prefix, masked out for every row below
+        prefix_ids[0, 0] = input_ids[0, -1]
+        prefix_mask[0, 0] = 1
+    # ---- suffix batch (B, S + C): the prompt tail left-padded, then the completion columns as they are. A row's
+    # prompt span runs from its first real column (a prompt mask with gaps keeps them, masked).
+    real = attention_mask[:, :width] != 0
+    first = torch.where(real.any(1), real.float().argmax(1), torch.full_like(real[:, 0], width, dtype=torch.long))
+    spans = (width - first).tolist()
+    s_width = max([1] + [spans[i] - plan.prefix_of_row(i) for i in range(b)])
+    suffix_ids = input_ids.new_zeros((b, s_width + c))
+    suffix_mask = attention_mask.new_zeros((b, s_width + c))
+    suffix_ids[:, s_width:] = input_ids[:, width:]
+    suffix_mask[:, s_width:] = attention_mask[:, width:]
+    row_prefix = torch.zeros(b, dtype=torch.long, device=device)
+    full_prefix_mask = attention_mask.new_zeros((b, p_width))
+    index = torch.zeros(b, dtype=torch.long, device=device)
+    for i in range(b):
+        lp = plan.prefix_of_row(i)
+        tail = spans[i] - lp
+        if tail:
+            suffix_ids[i, s_width - tail : s_width] = input_ids[i, width - tail : width]
+            suffix_mask[i, s_width - tail : s_width] = attention_mask[i, width - tail : width]
+        g = plan.group_of_row[i]
+        if g >= 0:
+            index[i] = g
+            full_prefix_mask[i] = prefix_mask[g]
+            row_prefix[i] = lp
+    prefix_pos = positions_from_mask(prefix_mask)
+    suffix_pos = positions_from_mask(suffix_mask, offset=row_prefix)
+    prefix = dict(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_pos)
+    suffix = dict(input_ids=suffix_ids, attention_mask=torch.cat([full_prefix_mask, suffix_mask], dim=1),
+                  position_ids=suffix_pos)
+    return _TwoPasses(prefix, suffix, suffix_mask, s_width, index)
+
+
 def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                         plan: PrefixPlan, compute_entropy: bool = False, autocast=None, label_mask=None):
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, computed with shared prefixes:
@@ -302,69 +366,51 @@ def shared_prefix_forward(model, input_ids: torch.Tensor, attention_mask: torch.
         None)`` (the prefix values 0 where ``prefix_labels`` is -100); gradients flow to the model parameters
         through both passes.
     """
-    device = input_ids.device
-    b, total = input_ids.shape
     c = logits_to_keep
-    width = total - c
     enter = autocast if autocast is not None else contextlib.nullcontext
     g_count = len(plan.prefix_lengths)
-    # ---- prefix batch (G, P), left-padded
-    p_width = max(plan.prefix_width, 1)
-    prefix_ids = input_ids.new_zeros((max(g_count, 1), p_width))
-    prefix_mask = attention_mask.new_zeros((max(g_count, 1), p_width))
-    for g, (length, r) in enumerate(zip(plan.prefix_lengths, plan.representative)):
-        start = width - plan.prompt_lengths[r]
-        prefix_ids[g, p_width - length:] = input_ids[r, start : start + length]
-        prefix_mask[g, p_width - length:] = 1
-    if g_count == 0:  # dummy one-token prefix, masked out for every row below
-        prefix_ids[0, 0] = input_ids[0, -1]
-        prefix_mask[0, 0] = 1
-    # ---- suffix batch (B, S + C): the prompt tail left-padded, then the completion columns as they are. A row's
-    # prompt span runs from its first real column (a prompt mask with gaps keeps them, masked).
-    real = attention_mask[:, :width] != 0
-    first = torch.where(real.any(1), real.float().argmax(1), torch.full_like(real[:, 0], width, dtype=torch.long))
-    spans = (width - first).tolist()
-    s_width = max([1] + [spans[i] - plan.prefix_of_row(i) for i in range(b)])
-    suffix_ids = input_ids.new_zeros((b, s_width + c))
-    suffix_mask = attention_mask.new_zeros((b, s_width + c))
-    suffix_ids[:, s_width:] = input_ids[:, width:]
-    suffix_mask[:, s_width:] = attention_mask[:, width:]
-    row_prefix = torch.zeros(b, dtype=torch.long, device=device)
-    full_prefix_mask = attention_mask.new_zeros((b, p_width))
-    index = torch.zeros(b, dtype=torch.long, device=device)
-    for i in range(b):
-        lp = plan.prefix_of_row(i)
-        tail = spans[i] - lp
-        if tail:
-            suffix_ids[i, s_width - tail : s_width] = input_ids[i, width - tail : width]
-            suffix_mask[i, s_width - tail : s_width] = attention_mask[i, width - tail : width]
-        g = plan.group_of_row[i]
-        if g >= 0:
-            index[i] = g
-            full_prefix_mask[i] = prefix_mask[g]
-            row_prefix[i] = lp
-    prefix_pos = positions_from_mask(prefix_mask)
-    suffix_pos = positions_from_mask(suffix_mask, offset=row_prefix)
-    record = Cache(layer_class_to_replicate=_RecordLayer)
+    passes = _two_pass_inputs(input_ids, attention_mask, logits_to_keep, plan)
     scored = None
     with trl_compat.cache_under_checkpointing(model):
+        record = Cache(layer_class_to_replicate=_RecordLayer)
         with enter():
             if prefix_labels is None:
-                model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_pos,
-                      past_key_values=record, use_cache=False, logits_to_keep=1)
+                model(**passes.prefix, past_key_values=record, use_cache=False, logits_to_keep=1)
             else:
                 if g_count == 0 or tuple(prefix_labels.shape) != (g_count, plan.prefix_width):
                     raise ValueError(f"prefix_labels of shape {tuple(prefix_labels.shape)} do not match the plan's "
                                      f"prefix batch ({g_count}, {plan.prefix_width})")
-                scored = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_pos,
-                               past_key_values=record, shift_labels=prefix_labels.to(device), fused_lm_head=True)
-        read = Cache(layers=[_ReadLayer(layer.keys, layer.values, index) for layer in record.layers])
-        labels = _labels(suffix_ids, suffix_mask, c, label_mask)
+                scored = model(**passes.prefix, past_key_values=record,
+                               shift_labels=prefix_labels.to(input_ids.device), fused_lm_head=True)
+        labels = _labels(passes.suffix["input_ids"], passes.suffix_mask, c, label_mask)
         with enter():
-            out = model(input_ids=suffix_ids, attention_mask=torch.cat([full_prefix_mask, suffix_mask], dim=1),
-                        position_ids=suffix_pos, past_key_values=read, labels=labels, fused_lm_head=True)
+            out = model(**passes.suffix, past_key_values=passes.read(record), labels=labels, fused_lm_head=True)
     logps = out.log_probs[:, -c:]
     entropies = out.entropy[:, -c:] if compute_entropy else None
     if scored is None:
         return logps, entropies, None, None
     return logps, entropies, scored.log_probs, (scored.entropy if compute_entropy else None)
+
+
+def shared_prefix_hidden(decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                         plan: PrefixPlan, autocast=None) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """The last hidden states of :func:`shared_prefix_forward`'s two passes, for a head other than the LM head (the
+    critic's value head): ``decoder`` is a transformer body returning ``last_hidden_state`` (``model.model`` of a
+    Llama / Qwen2 causal LM, possibly under a PEFT adapter); same inputs, plan and two forwards.
+
+    Returns:
+        ``(suffix (B, S + C, H), S, prefix (max(G, 1), max(prefix_width, 1), H))``: in the suffix pass every row's
+        last prompt token sits at column ``S − 1`` and completion column ``j`` at ``S + j`` (so the hidden state that
+        predicts completion token ``j`` is at ``S − 1 + j``); the prefix pass is laid out as ``prefix_labels`` is
+        (group ``g``'s prefix right-aligned). Equal to the unshared forward's hidden states at the same tokens up to
+        float rounding; gradients flow through both passes.
+    """
+    enter = autocast if autocast is not None else contextlib.nullcontext
+    passes = _two_pass_inputs(input_ids, attention_mask, logits_to_keep, plan)
+    with trl_compat.cache_under_checkpointing(decoder):
+        record = Cache(layer_class_to_replicate=_RecordLayer)
+        with enter():
+            prefix = decoder(**passes.prefix, past_key_values=record, use_cache=False)
+        with enter():
+            out = decoder(**passes.suffix, past_key_values=passes.read(record))
+    return out.last_hidden_state, passes.suffix_width, prefix.last_hidden_state
