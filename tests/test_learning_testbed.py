@@ -385,8 +385,8 @@ def test_map_report_table_and_figure_from_cells(tmp_path):
 
 
 def test_map_report_folds_the_baselines_paired_with_their_own_grpo(tmp_path):
-    """RLOO and PPO come from map_baselines/CELL (paired with a GRPO re-run beside them); nothing else of that report
-    replaces a recorded gap, and the re-run GRPO is compared with the recorded one seed by seed."""
+    """RLOO and PPO come from map_baselines/CELL (paired with a GRPO re-run beside them, and with GiGPO / G2PO
+    re-runs for the secondary comparisons); nothing else of that report replaces a recorded gap, and the re-run GRPO is compared with the recorded one seed by seed."""
     def write(folder, d):
         folder.mkdir(parents=True)
         (folder / "learning.json").write_text(json.dumps(d))
@@ -402,11 +402,15 @@ def test_map_report_folds_the_baselines_paired_with_their_own_grpo(tmp_path):
            {"arm": "PPO", "seed": 601, "cpu_model": "Xeon", "series": {"critic/explained_variance": [-1.0, 0.0, 0.0, 0.2, nan],
                                                   "critic/value_error": [0.7, 0.6, 0.5, 0.5, 0.5]}}]
     write(tmp_path / "map_baselines" / "h6", {
-        "seeds": [600, 601], "gaps": {"RLOO-GRPO/T=1": gap(0.5), "PPO-GRPO/T=1": gap(-2.0), "GiGPO-GRPO/T=1": gap(9.0)},
+        "seeds": [600, 601], "gaps": {"RLOO-GRPO/T=1": gap(0.5), "PPO-GRPO/T=1": gap(-2.0), "GiGPO-GRPO/T=1": gap(9.0),
+                                      "PPO-GiGPO/T=1": gap(-4.0), "RLOO-GiGPO/T=1": gap(1.0),
+                                      "G2PO-GiGPO/T=1": gap(7.0)},
         "runs": runs({600: 0.55, 601: 0.60}, cpu="Xeon") + ppo})
     assert runner.main(["--map_report", "--map_dir", str(tmp_path / "map")]) == 0
     d = json.loads((tmp_path / "map" / "map.json").read_text())
     assert d["gaps_to_grpo"]["h6"] == {"GiGPO": gap(3.0), "RLOO": gap(0.5), "PPO": gap(-2.0)}
+    # the secondary comparisons of the new arms with the re-run GiGPO; not a gap between two re-run step arms
+    assert d["gaps_between"] == {"h6": {"PPO-GiGPO": gap(-4.0), "RLOO-GiGPO": gap(1.0)}}
     rerun = d["baselines"]["h6"]
     assert rerun["cpu_models"] == ["Xeon"] and rerun["seeds"] == [600, 601]
     # per seed (0.55 - 0.50, 0.60 - 0.70) in pp: +5, -10; mean -2.5; t(1) = 12.706, sd = 10.607, n = 2

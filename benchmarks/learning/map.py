@@ -44,9 +44,12 @@ REPAIRED = ("RLOO", "PPO")  # arms paired with a GRPO re-run beside them (benchm
 
 
 def repaired_gaps(report: dict) -> dict:
-    """The ``REPAIRED`` arms' gaps to GRPO (``ARM-GRPO/METRIC`` keys) of a learning.json ``report`` that ran them
-    beside a GRPO re-run: the only gaps of such a report that may join a recorded report's."""
-    return {k: v for k, v in report["gaps"].items() if k.split("/")[0] in {f"{arm}-GRPO" for arm in REPAIRED}}
+    """The ``REPAIRED`` arms' gaps of a learning.json ``report`` that ran them beside re-runs of the arms they are
+    compared with (``ARM-GRPO/METRIC``, and the secondary ``ARM-GiGPO/...``, ``ARM-G2PO/...`` once GiGPO and G2PO
+    were re-run into the same cell): the only gaps of such a report that may join a recorded report's (a gap
+    between two recorded arms stays the recorded one)."""
+    pairs = {f"{arm}-{other}" for arm in REPAIRED for other in ("GRPO", "GiGPO", "G2PO")}
+    return {k: v for k, v in report["gaps"].items() if k.split("/")[0] in pairs}
 
 
 def grpo_rerun_gap(report: dict, recorded: dict) -> dict | None:
@@ -81,8 +84,8 @@ def critic_quality(report: dict) -> dict | None:
 def fold_baselines(cells: dict, baselines_dir: Path) -> dict:
     """Fold the gaps of the ``REPAIRED`` arms from ``baselines_dir/CONDITION/learning.json`` (their cell's
     invocation with a GRPO re-run, on another CPU model than the recorded arms) into ``cells`` (condition -> the
-    recorded learning.json, changed in place: their ``ARM-GRPO/...`` gaps only, never a gap between them and a
-    recorded arm). Returns, per folded cell, ``{"seeds", "cpu_models", "grpo_rerun_minus_recorded", "ppo_critic"}``:
+    recorded learning.json, changed in place: their gaps to the re-run arms only, :func:`repaired_gaps`; never a gap
+    between them and a recorded arm). Returns, per folded cell, ``{"seeds", "cpu_models", "grpo_rerun_minus_recorded", "ppo_critic"}``:
     the re-run GRPO minus the recorded GRPO of the same seeds, the primary metric (pp, paired by seed; the map's
     reproducibility on another CPU model), and what PPO's critic learned (:func:`critic_quality`)."""
     out = {}
