@@ -15,7 +15,8 @@ weights with a value head), and the parameter counts are the trainable ones. Wit
 named: ``PPO-whole``, PPO with the critic the paper's baselines train (``--critic_model policy``: a second whole copy
 of the model, every weight trained, its AdamW state beside it), the memory claim's other side.
 
-A rerun of the same command resumes: the arms already measured (``OUTPUT_DIR/arms.json``) are kept, not rerun.
+A rerun of the same command resumes: the arms already measured (``OUTPUT_DIR/arms.json``) are kept, not rerun; each
+arm records the commit and date it ran at.
 
 One warm-up (``benchmarks/learning.py --warmup_only``), then every arm in turn in its own process
 (``benchmarks/learning.py --arms ARM --workers 1 --reuse_warmup``, single-threaded), from the same warm-up weights,
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
     from learning.settings import ARMS
+    import results_io
     from results_io import write_result
 
     unknown = [arm for arm in a.arms if arm not in ARMS and arm not in VARIANTS]
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             print((out / f"{arm}.log").read_text()[-3000:], file=sys.stderr)
             return rc
         f = arm_figures(arm, arm_out, a.seed, peak, wall, [load_before, os.getloadavg()[0]])
+        # the code and day each arm ran: a resumed command keeps the arms measured before, at their own commit
+        f |= {"commit": results_io.commit(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
         f |= (adapter_sizes(warm / "warmups.json", a.seed, ARMS[map_arm], whole_critic="--critic_model" in flags)
               if llm else model_sizes(warm / f"seed{a.seed}" / "init", ARMS[map_arm]))
         figures["arms"][arm] = f

@@ -174,8 +174,19 @@ def cost_table(result: dict | None, missing: str | None = None) -> str:
     rows += ["", f"Cell `{f['condition']}`, seed {f['seed']}"
                  + (f", {', '.join(map(str, sorted(iters)))} iterations" if iters else "")
                  + f", one run per arm in turn from one warm-up: `{result['command']}` at commit {result['commit']}, "
-                   f"{result['date']}, `{result['machine']}`."]
+                   f"{result['date']}, `{result['machine']}`." + _arm_commits(arms, result["commit"])]
     return "\n".join(rows)
+
+
+def _arm_commits(arms: dict, commit: str) -> str:
+    """Where a resumed record's arms ran at other commits than the record's: which arms at which commit and date."""
+    at: dict[tuple, list[str]] = {}
+    for arm, a in arms.items():
+        at.setdefault((a.get("commit", commit), a.get("date")), []).append(arm)
+    if {c for c, _ in at} == {commit}:
+        return ""
+    return " Arms measured at: " + "; ".join(
+        f"{', '.join(names)} at {c}" + (f" ({d})" if d else "") for (c, d), names in at.items()) + "."
 
 
 def _params(a: dict) -> str:

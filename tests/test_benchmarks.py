@@ -242,6 +242,13 @@ def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
             "PPO-whole": arm(4200.0, 400.0, policy_params=135_000_000, policy_trainable_params=920_000,
                              critic_trainable_params=134_500_577)}}}))
     rows = gen_results.cost_llm_table().splitlines()
+    assert rows[-1].endswith("`test box`.")  # arms without their own commit: the record's
+    llm = json.loads(res_llm.read_text())
+    llm["figures"]["arms"]["GRPO"] |= {"commit": "0ld1234", "date": "2026-01-01"}
+    llm["figures"]["arms"]["PPO-whole"] |= {"commit": "abc1234", "date": "2026-01-02"}
+    res_llm.write_text(json.dumps(llm))
+    assert gen_results.cost_llm_table().splitlines()[-1].endswith(
+        "`test box`. Arms measured at: GRPO at 0ld1234 (2026-01-01); PPO-whole at abc1234 (2026-01-02).")
     assert rows[3] == ("| PPO-whole | 4,200 | +2200 MB (+110 %) | 400.50 (400.00) | 2.00 | 0.0061 | 1.25 | 512 | "
                        "0.812 | 920,000 of 135,000,000 trained + critic 134,500,577 | 2.10 \u2192 2.34 |")
 
