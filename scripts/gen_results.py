@@ -159,6 +159,10 @@ def baselines_table() -> str:
                                   tables.critic_quality(b) if b else None)
 
 
+def baselines_reading() -> str:
+    return tables.baselines_reading(load("map/map"))
+
+
 def cost_table() -> str:
     return tables.cost_table(load_optional("bench_estimator_cost"))
 
@@ -462,7 +466,8 @@ BLOCKS = {  # page -> {block name: render function}
     "benchmarks/experiments/warmup.md": {"main_job": main_job_table},
     "benchmarks/README.md": {"index": index_table},
     "docs/memory.md": {"host_memory": host_memory_table},
-    "docs/estimators.md": {"baselines": baselines_table, "cost": cost_table, "cost_llm": cost_llm_table},
+    "docs/estimators.md": {"baselines": baselines_table, "baselines_reading": baselines_reading, "cost": cost_table,
+                           "cost_llm": cost_llm_table},
     "docs/performance.md": {"phases": performance_table},
 }
 

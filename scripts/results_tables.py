@@ -143,6 +143,25 @@ def arm_cells(cells: dict, arm: str) -> str:
             f"cells{side}{rerun}")
 
 
+def baselines_reading(m: dict) -> str:
+    """The RLOO and PPO arms over the map so far (``map.json`` ``m``): each arm's range of gaps to GRPO
+    (:func:`arm_cells`) and the range of PPO's critic's explained variance, first iteration and last 3, over the
+    cells folded; "pending" before any."""
+    q = [b["ppo_critic"] for b in m.get("baselines", {}).values() if b.get("ppo_critic")]
+    arms = "; ".join(arm_cells(m["gaps_to_grpo"], arm) for arm in REPAIRED)
+    if not q:
+        return f"So far: {arms}; PPO's critic {PENDING}."
+
+    def span(key, fmt=lambda v: signed(v, 2)):
+        lo, hi = min(x[key] for x in q), max(x[key] for x in q)
+        return fmt(lo) if lo == hi else f"{fmt(lo)} to {fmt(hi)}"
+
+    return (f"So far: {arms}. PPO's critic, explained variance of its values at the first iteration "
+            f"{span('explained_variance_first')}, over the last 3 {span('explained_variance_last3')} "
+            f"(mean absolute value error {span('value_error_last3', lambda v: f'{v:.2f}')}), in {len(q)} "
+            f"cell{'s' if len(q) > 1 else ''}.")
+
+
 # ------------------------------------------------------------------------------------------ estimator cost
 def cost_missing(name: str = "bench_estimator_cost", command: str = COST_COMMAND) -> str:
     return (f"Not recorded yet: `{command}` writes `benchmarks/results/{name}.json`, and this table is generated "

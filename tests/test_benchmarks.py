@@ -380,3 +380,24 @@ def test_write_result_records_provenance_and_keeps_other_runs_out_of_the_record(
     assert data["commit"] == results_io.commit() != "unknown"
     recorded = results_io.write_result("bench_x", {"ratio": 0.5}, recorded=True)
     assert recorded == tmp_path / "record" / "bench_x.json"
+
+
+def test_baselines_reading_ranges_over_the_cells_folded():
+    """docs/estimators.md's reading of RLOO and PPO: each arm's range of gaps to GRPO and the critic's explained
+    variance range over the folded cells (hand values); "pending" before PPO ran anywhere."""
+    import results_tables as tables
+
+    g = lambda m, lo, hi: {"gap_pp": m, "ci95_pp": [lo, hi]}  # noqa: E731
+    critic = lambda first, last, err: {"explained_variance_first": first, "explained_variance_last3": last,  # noqa: E731
+                                       "value_error_last3": err}
+    m = {"gaps_to_grpo": {"h12": {"RLOO": g(-0.6, -2.9, 1.7), "PPO": g(-4.0, -8.9, 1.0)},
+                          "trap": {"RLOO": g(2.8, -0.2, 5.9), "PPO": g(-1.3, -7.3, 4.7)}},
+         "baselines": {"h12": {"ppo_critic": critic(-4.92, -0.03, 0.49)},
+                       "trap": {"ppo_critic": critic(-9.31, -0.02, 0.38)}}}
+    assert tables.baselines_reading(m) == (
+        "So far: RLOO \u22120.6 to +2.8 in 2 of 7 cells, every interval across 0 (against GRPO re-run beside it); "
+        "PPO \u22124.0 to \u22121.3 in 2 of 7 cells, every interval across 0 (against GRPO re-run beside it). PPO's "
+        "critic, explained variance of its values at the first iteration \u22129.31 to \u22124.92, over the last 3 "
+        "\u22120.03 to \u22120.02 (mean absolute value error 0.38 to 0.49), in 2 cells.")
+    m["baselines"] = {}
+    assert tables.baselines_reading(m).endswith("; PPO's critic pending.")
