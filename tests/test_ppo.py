@@ -103,6 +103,28 @@ def test_the_critic_leaves_the_policys_random_draws_as_without_it(tmp_path, tiny
     assert torch.equal(head(ppo), head(again)) and not torch.equal(head(ppo), head(other))
 
 
+@pytest.mark.parametrize("disable", [True, False])
+def test_the_critic_adapter_follows_disable_dropout(tmp_path, tiny_model_dir, tiny_tokenizer, disable):
+    """The critic's adapter copies the policy's LoRA config (lora_dropout 0.05 here) after TRL zeroed the policy's
+    dropout: with disable_dropout (the default) its dropout is zeroed too, so its values are not noised and the
+    forwards still share prefixes; without it, policy and critic both keep theirs."""
+    from peft import LoraConfig
+
+    from gigpo_trl.models import active_dropout
+
+    args = make_args(tmp_path, estimator="ppo", disable_dropout=disable)
+    trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer,
+                           peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj"],
+                                                  task_type="CAUSAL_LM"))
+    trainer.collector.close()
+    ps = {name: m.p for name, m in trainer.model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert sorted({n.rsplit(".", 1)[-1] for n in ps}) == [CRITIC_NAME, "default"]
+    assert set(ps.values()) == ({0.0} if disable else {0.05})
+    trainer.model.train()
+    assert (active_dropout(trainer.model) is None) == disable
+    assert trainer._critic_shares(trainer.model, training=True) == disable
+
+
 @pytest.mark.parametrize("level, history_mode, checkpointing, budget", [
     ("token", "window", False, 64), ("turn", "window", True, 64),
     ("token", "conversation", True, 1024), ("turn", "conversation", False, 1024)])  # a budget that chains fit in

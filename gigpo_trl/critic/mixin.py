@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from accelerate.utils import broadcast
 from transformers import TrainerCallback
+from trl.trainer.utils import disable_dropout_in_model
 
 from .. import trl_compat
 from ..advantage.gae import row_rewards, token_gae, turn_gae, whiten
+from ..models import disable_attention_dropout
 from .loss import clipped_value_loss
 from .model import CRITIC_NAME, Critic
 
@@ -75,6 +77,12 @@ class CriticMixin:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(args.seed)
             self.critic = Critic(policy, args.critic_model_name_or_path, device)
+        if args.disable_dropout:  # the critic's adapter and model come after TRL disabled dropout in the policy: the
+            # adapter's lora_dropout would be on, noising the values and turning off every shared forward
+            for model in (policy, self.critic.model):
+                if model is not None:
+                    disable_dropout_in_model(model)
+                    disable_attention_dropout(model)
         if self.critic.model is not None and args.gradient_checkpointing:
             # a separate critic (a copy of the decoder made here, before Trainer enables checkpointing on the policy,
             # or a model by path) keeps the memory the setting promises; the kwargs as Trainer reads them for the
