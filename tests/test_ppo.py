@@ -316,18 +316,31 @@ def test_separate_critic_model_trains_and_restores(tmp_path, tiny_model_dir, tin
 @pytest.mark.parametrize("by_path", [False, True])
 def test_a_separate_critic_follows_gradient_checkpointing(tmp_path, tiny_model_dir, tiny_tokenizer, by_path):
     """A separate critic model (the decoder's copy, or by_path the model critic_model_name_or_path names) recomputes
-    its activations in the backward when the run sets gradient_checkpointing (the memory the setting promises), and
-    trains to the same weights as without it."""
+    its activations in the backward when the run sets gradient_checkpointing (the memory the setting promises: its
+    first layer runs once more per training forward, which transformers does only in train mode), and trains to the
+    same weights as without it."""
     extra = {"critic_model_name_or_path": tiny_model_dir} if by_path else {}
-    weights = {}
+    weights, calls = {}, {}
     for checkpointing in (False, True):
         args = make_args(tmp_path / str(checkpointing), max_steps=1, gradient_checkpointing=checkpointing, **extra)
         trainer = GiGPOTrainer(tiny_model_dir, env=NoisyLineWalkEnv, args=args, processing_class=tiny_tokenizer)
         assert trainer.critic.model.is_gradient_checkpointing is checkpointing
+        layer = trainer.critic.model.layers[0]
+        count = {"forward": 0, "backward": 0}
+        forward = layer.forward  # counted as called, checkpoint replays included (module hooks miss the replay)
+        layer.forward = lambda *a, **k: (count.__setitem__("forward", count["forward"] + torch.is_grad_enabled()),
+                                         forward(*a, **k))[1]
+        backward = trainer.critic_backward
+        trainer.critic_backward = lambda inputs: (count.__setitem__("backward", count["backward"] + 1),
+                                                  backward(inputs))[1]
         before = [p.detach().clone() for p in trainer.critic.model.parameters()]
         trainer.train()
+        calls[checkpointing] = count
         weights[checkpointing] = [p.detach().clone() for p in trainer.critic.model.parameters()]
         assert any(not torch.equal(a, b) for a, b in zip(before, weights[checkpointing]))
         trainer.collector.close()
     for a, b in zip(weights[False], weights[True]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the same micro-batches; checkpointing replays each training forward of the layer once in the backward
+    assert calls[True]["backward"] == calls[False]["backward"] > 0
+    assert calls[True]["forward"] == 2 * calls[False]["forward"] > 0

@@ -157,7 +157,7 @@ class CriticMixin:
         """Whether the critic's forwards share prefixes and chains: as the policy's would
         (:meth:`~gigpo_trl.forward.mixin.ForwardMixin._prefix_sharing_reason`), asked of the critic's own model when it
         has one."""
-        model = self.critic.model if self.critic.model is not None else policy
+        model = self.critic.body(policy) if self.critic.model is not None else policy  # in the policy's mode
         return self._prefix_sharing_reason(model, training) is None
 
     def _global_sums(self, A, G, V, mask) -> list[float]:

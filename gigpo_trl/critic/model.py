@@ -97,7 +97,7 @@ class Critic:
         """``(B, L)`` float32 values at every column of the padded rows ``ids`` / ``mask`` (positions from the mask,
         so padding does not change them); with gradient when grad mode is on. Call inside :meth:`active`."""
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self._body(policy)(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        out = self.body(policy)(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         return self._head(out.last_hidden_state)
 
     def forwards(self, batch: dict, level: str, rows: list[int], budget: int | None, sharing: bool,
@@ -149,7 +149,7 @@ class Critic:
             plan = plan_chains(table.prompts, table.completions, full=table.full)
             units = chain_batch(ids, mask, wc, plan) if plan.chained_rows else None
             if units is not None and units.prefix_plan.padded_tokens() < ids.numel():
-                hidden, s, prefix_hidden = shared_prefix_hidden(self._body(policy), units.input_ids,
+                hidden, s, prefix_hidden = shared_prefix_hidden(self.body(policy), units.input_ids,
                                                                 units.attention_mask, units.completion_width,
                                                                 units.prefix_plan)
                 unit_c = units.completion_width
@@ -160,7 +160,7 @@ class Critic:
         if kind == "prefix":
             plan = plan_prefix_groups(table.prompts, wc)
             if plan.padded_tokens() < plan.unshared_tokens():
-                hidden, s, _ = shared_prefix_hidden(self._body(policy), ids, mask, wc, plan)
+                hidden, s, _ = shared_prefix_hidden(self.body(policy), ids, mask, wc, plan)
                 v = self._head(hidden[:, s - 1 : s - 1 + max(wc, 1)])
         if v is None:
             v = self.hidden_values(policy, ids, mask)[:, wp - 1 : wp - 1 + max(wc, 1)]
@@ -168,9 +168,15 @@ class Critic:
             return v[:, 0]
         return torch.nn.functional.pad(v * c_mask, (0, width - wc))
 
-    def _body(self, policy):
-        """The decoder the critic's forward runs: its own model, or the policy's base decoder (adapter critic)."""
-        return self.model if self.model is not None else _decoder(policy.get_base_model())
+    def body(self, policy):
+        """The decoder the critic's forward runs: its own model, or the policy's base decoder (adapter critic). A
+        model of its own takes the policy's train / eval mode first (Trainer sets the policy's only): in eval mode
+        transformers skips gradient checkpointing."""
+        if self.model is None:
+            return _decoder(policy.get_base_model())
+        if self.model.training != policy.training:
+            self.model.train(policy.training)
+        return self.model
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.value_head(hidden.float()).squeeze(-1)
