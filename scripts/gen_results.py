@@ -112,6 +112,11 @@ def cost_row() -> str:
     return tables.cost_row(load_optional("bench_estimator_cost"))
 
 
+def cost_llm_row() -> str:
+    return tables.cost_row(load_optional("bench_estimator_cost_llm"),
+                           "python benchmarks/bench_estimator_cost.py --arms ... PPO PPO-whole -- --model default ...")
+
+
 def llm_row() -> str:
     return tables.llm_row(load_optional("llm_learning/h12/learning"))
 
@@ -133,6 +138,10 @@ HEADLINE = [
      "success", llm_row, "[LLM study](benchmarks/experiments/llm_learning.md), `benchmarks/learning.py --model default`"),
     ("memory and time per estimator arm, side by side on one map cell (a critic against none)", cost_row,
      "[baselines](benchmarks/experiments/baselines_arm.md), `benchmarks/bench_estimator_cost.py`"),
+    ("the same on the default LLM (SmolLM2-135M-Instruct, LoRA): PPO's critic a second adapter (`PPO`) or a whole "
+     "second model, every weight trained, as the paper's (`PPO-whole`)", cost_llm_row,
+     "[baselines](benchmarks/experiments/baselines_arm.md#results), `benchmarks/bench_estimator_cost.py -- --model "
+     "default`"),
     ("estimator speed vs the reference's algorithm", advantage_row, "`benchmarks/bench_advantage.py`"),
     ("rollout overhead vs the bare generate calls", rollout_row, "`benchmarks/bench_rollout.py`"),
     ("time vs TRL's multi-turn GRPO, same episodes, by tool calls per episode", vs_trl_row,

@@ -216,10 +216,11 @@ def _params(a: dict) -> str:
     return f"{a['policy_params']:,}" + (f" + critic {a['critic_params']:,}" if "critic_params" in a else "")
 
 
-def cost_row(result: dict | None) -> str:
-    """README's headline cell of the cost benchmark: each arm's peak memory and training CPU s per iteration."""
+def cost_row(result: dict | None, command: str = COST_COMMAND) -> str:
+    """README's headline cell of the cost benchmark: each arm's peak memory and training CPU s per iteration;
+    "pending" with ``command`` before its record exists."""
     if result is None:
-        return f"{PENDING} (`{COST_COMMAND}` not recorded yet)"
+        return f"{PENDING} (`{command}` not recorded yet)"
     f = result["figures"]
     arms = f["arms"]
     peaks = ", ".join(f"{arm} {a['peak_rss_mb']:,.0f}" for arm, a in arms.items())
