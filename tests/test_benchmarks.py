@@ -232,6 +232,8 @@ def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
             "each) |") in gen_results.headline_table()
     # the LLM record (--model): its own block, the trained parameters beside the whole
     res_llm = res / "bench_estimator_cost_llm.json"
+    assert "| pending (`python benchmarks/bench_estimator_cost.py --arms ... PPO PPO-whole -- --model default" in (
+        gen_results.headline_table())
     assert "<!-- results:cost_llm -->\nNot recorded yet: `python benchmarks/bench_estimator_cost.py --arms" in (
         gen_results.render("benchmarks/experiments/baselines_arm.md", page))
     res_llm.write_text(json.dumps({
@@ -242,6 +244,8 @@ def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
             "PPO-whole": arm(4200.0, 400.0, policy_params=135_000_000, policy_trainable_params=920_000,
                              critic_trainable_params=134_500_577)}}}))
     rows = gen_results.cost_llm_table().splitlines()
+    assert ("| peak RSS GRPO 2,000, PPO-whole 4,200 MB; training CPU s per iteration 200.00 / 400.00 (`h12`, seed "
+            "800, one run each) |") in gen_results.headline_table()  # README's row for the LLM
     assert rows[-1].endswith("`test box`.")  # arms without their own commit: the record's
     llm = json.loads(res_llm.read_text())
     llm["figures"]["arms"]["GRPO"] |= {"commit": "0ld1234", "date": "2026-01-01"}
