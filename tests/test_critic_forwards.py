@@ -82,6 +82,21 @@ def test_shared_forwards_compute_each_shared_token_once(critic, rows, level, pla
     assert padded_tokens(c, lambda: c.values(policy, batch, level, [0, 1, 2, 3], None, sharing=True))[1] == shared
 
 
+@pytest.mark.parametrize("rows, level, plain, shared", [
+    # real tokens. Chains: rows of 7 + 9 + 7 + 10 = 33; shared, T once and each trajectory's last row's rest: 4 + 5 + 6
+    # = 15, for turn values too (read from the chained forward). Window: 8 + 6 + 8 + 7 = 29, T counted once: 29 - 12
+    # = 17; the prompts alone 6 + 5 + 7 + 5 = 23, shared 11.
+    (CHAINED, "token", 33, 15), (CHAINED, "turn", 26, 15), (WINDOW, "token", 29, 17), (WINDOW, "turn", 23, 11),
+])
+def test_the_critic_counts_the_tokens_its_forwards_computed(critic, rows, level, plain, shared):
+    policy, c = critic
+    batch = batch_of(*rows)
+    for sharing, expected in ((False, plain), (True, shared)):
+        c.forwarded_tokens = 0
+        c.values(policy, batch, level, [0, 1, 2, 3], None, sharing=sharing)
+        assert c.forwarded_tokens == expected
+
+
 def test_shared_value_gradients_equal_the_plain_forwards(critic):
     policy, c = critic
     weights = torch.randn(4, 3, generator=torch.Generator().manual_seed(3))

@@ -174,6 +174,17 @@ def test_ppo_trains_the_critic_and_the_policy_gets_gae(tmp_path, tiny_model_dir,
     assert any(not torch.equal(p, dict(trainer.model.named_parameters())[k]) for k, p in policy_before.items())
     logs = [entry for entry in trainer.state.log_history if "critic/loss" in entry]
     assert len(logs) == 2 and all(np.isfinite(e["critic/loss"]) and e["critic/loss"] > 0 for e in logs)
+    # the critic's tokens per pass over the batch's distinct token prefixes: a budget of 64 fits one row per forward,
+    # so exactly the plain forwards' tokens (every row whole, the prompts alone for turn values); at 1,024 the
+    # chained forwards share them
+    from gigpo_trl.forward.chains import unique_tokens
+
+    plain = sum(len(r.prompt_ids) + (len(r.completion_ids) if level == "token" else 0) for r in rows)
+    unique = unique_tokens([r.prompt_ids + r.completion_ids for r in rows])
+    ratio = [e["critic/tokens_per_unique_token"] for e in trainer.state.log_history
+             if "critic/tokens_per_unique_token" in e]
+    assert len(ratio) == 1
+    assert ratio[0] == pytest.approx(plain / unique) if budget == 64 else 0 < ratio[0] < 0.8 * plain / unique
     e_v = 1 - np.var((G - np.where(mask, V, 0))[mask]) / np.var(G[mask])
     assert logs[0]["critic/explained_variance"] == pytest.approx(e_v, abs=1e-4)
     assert logs[0]["critic/value_error"] == pytest.approx(np.abs(G - V)[mask].mean(), abs=1e-4)

@@ -116,6 +116,7 @@ class CriticMixin:
         args, level = self.args, self.args.gae_level
         policy = self.accelerator.unwrap_model(self.model)
         real = torch.nonzero(output["real_row_mask"][: len(rows)]).flatten().tolist()
+        self.critic.forwarded_tokens = 0  # critic/tokens_per_unique_token: this generation batch's forwards
         V = self.critic.values(policy, output, level, real, args.max_tokens_per_microbatch,
                                self._critic_shares(policy, training=False), self.pad_to_multiple_of)
         V = V.double().cpu().numpy()
@@ -183,7 +184,11 @@ class CriticMixin:
         completion token for ``gae_level="token"``, every row for ``"turn"``) / ``gradient_accumulation_steps`` into
         the critic, in forwards of at most ``max_tokens_per_microbatch`` padded tokens; its gradients are then moved
         aside, so that the policy's gradient clipping and zeroing never see them (:meth:`critic_optimizer_step`
-        applies them). Logs ``critic/loss`` (the unweighted mean) and ``critic/clip_fraction``."""
+        applies them). Logs ``critic/loss`` (the unweighted mean) and ``critic/clip_fraction``, and at the
+        iteration's last micro-step ``critic/tokens_per_unique_token``: the real tokens the critic's forwards computed
+        over the generation batch (its scoring pass and every training forward), per pass (1 + ``num_iterations``),
+        over the batch's distinct token prefixes (the policy's ``forward/tokens_per_unique_token`` count; 1.0: each
+        token once per pass)."""
         args, level = self.args, self.args.gae_level
         policy = self.accelerator.unwrap_model(self.model)
         real = inputs.get("real_row_mask")
@@ -216,6 +221,11 @@ class CriticMixin:
         logged = trl_compat.metrics(self, "train")
         logged["critic/loss"].append(total / count)
         logged["critic/clip_fraction"].append(clipped / count)
+        counts = getattr(self, "_iteration_tokens", None)  # the policy's count of this generation batch (forward/)
+        if counts is not None and counts[1] and \
+                (trl_compat.rollout_position(self)[0] + 1) % args.steps_per_rollout == 0:
+            logged["critic/tokens_per_unique_token"].append(
+                self.critic.forwarded_tokens / (1 + self.num_iterations) / counts[1])
 
     def critic_optimizer_step(self) -> None:
         """Apply the critic's gradients gathered since the last step: averaged over processes (one all-reduce),

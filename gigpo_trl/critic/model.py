@@ -66,6 +66,7 @@ class Critic:
             self.model.to(device)
             self.model.requires_grad_(True)
             hidden = self.model.config.get_text_config().hidden_size
+        self.forwarded_tokens = 0  # real tokens computed by pack_values (shared ones once): the caller resets it
         self.value_head = nn.Linear(hidden, 1, dtype=torch.float32, device=device)
         nn.init.normal_(self.value_head.weight, std=hidden**-0.5)
         nn.init.zeros_(self.value_head.bias)
@@ -133,7 +134,8 @@ class Critic:
         """Values of one forward of :meth:`forwards`, trimmed to its rows' longest prompt and completion.
         ``level="token"``: ``(len(rows), C)``, column ``j`` the value before completion token ``j`` (read at the
         position that predicts it), 0 where the completion mask is 0; ``level="turn"``: ``(len(rows),)``, the value at
-        the row's last prompt token. Call inside :meth:`active`; with gradient when grad mode is on."""
+        the row's last prompt token. Call inside :meth:`active`; with gradient when grad mode is on. Adds the real
+        tokens its forward computed (a shared one once) to :attr:`forwarded_tokens`."""
         rows, kind, table = forward
         index = torch.tensor(rows, device=batch["prompt_ids"].device, dtype=torch.long)
         P, width = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
@@ -153,6 +155,7 @@ class Critic:
                                                                 units.attention_mask, units.completion_width,
                                                                 units.prefix_plan)
                 unit_c = units.completion_width
+                self.forwarded_tokens += units.real_tokens()
                 v = units.gather(self._head(hidden[:, s - 1 : s - 1 + unit_c]), self._head(prefix_hidden))
                 return v[:, 0] if level == "turn" else torch.nn.functional.pad(v * c_mask, (0, width - wc))
             kind = "prefix"
@@ -162,8 +165,10 @@ class Critic:
             if plan.padded_tokens() < plan.unshared_tokens():
                 hidden, s, _ = shared_prefix_hidden(self.body(policy), ids, mask, wc, plan)
                 v = self._head(hidden[:, s - 1 : s - 1 + max(wc, 1)])
+                self.forwarded_tokens += plan.computed_tokens(int(mask.sum()))
         if v is None:
             v = self.hidden_values(policy, ids, mask)[:, wp - 1 : wp - 1 + max(wc, 1)]
+            self.forwarded_tokens += int(mask.sum())
         if level == "turn":
             return v[:, 0]
         return torch.nn.functional.pad(v * c_mask, (0, width - wc))
