@@ -260,14 +260,18 @@ def _labels(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int, label_ma
     return labels
 
 
+@dataclass(frozen=True)
 class _TwoPasses:
     """The inputs of :func:`shared_prefix_forward`'s two passes over one chunk: ``prefix`` and ``suffix`` (the keyword
-    arguments of each forward, ``past_key_values`` aside), the suffix rows' own mask ``suffix_mask`` ``(B, S + C)``
-    and ``suffix_width`` ``S`` (its prompt columns: every row's last prompt token at column ``S − 1``)."""
+    arguments of each forward, ``past_key_values`` aside), the suffix rows' own mask ``suffix_mask`` ``(B, S + C)``,
+    ``suffix_width`` ``S`` (its prompt columns: every row's last prompt token at column ``S − 1``) and ``index``
+    (each row's prefix group in the prefix batch)."""
 
-    def __init__(self, prefix: dict, suffix: dict, suffix_mask: torch.Tensor, suffix_width: int, index: torch.Tensor):
-        self.prefix, self.suffix, self.suffix_mask, self.suffix_width, self.index = \
-            prefix, suffix, suffix_mask, suffix_width, index
+    prefix: dict
+    suffix: dict
+    suffix_mask: torch.Tensor
+    suffix_width: int
+    index: torch.Tensor
 
     def read(self, record: Cache) -> Cache:
         """The suffix pass's read-only cache over the prefix pass's recorded keys/values."""
@@ -276,6 +280,8 @@ class _TwoPasses:
 
 def _two_pass_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                      plan: PrefixPlan) -> _TwoPasses:
+    """The prefix batch ``(max(G, 1), max(prefix_width, 1))`` and the suffix batch ``(B, S + C)`` of ``plan`` over
+    these rows (TRL's layout), with their masks and positions (see :func:`shared_prefix_forward`)."""
     device = input_ids.device
     b, total = input_ids.shape
     c = logits_to_keep
