@@ -136,7 +136,7 @@ def test_baseline_arms_render_where_run_and_pending_elsewhere(tmp_path, monkeypa
     """RLOO and PPO in one map cell (h12) and one headline pair: their gaps in the baselines, map and learning
     tables and README's headline; every other cell and pair "pending", though map.json lists no arm as pending
     (written before the two arms were pre-registered)."""
-    res = _results_copy(tmp_path, monkeypatch, skip=("bench_estimator_cost.json",))
+    res = _results_copy(tmp_path, monkeypatch, skip=("bench_estimator_cost.json", "bench_estimator_cost_llm.json"))
     m = json.loads((res / "map" / "map.json").read_text())
     rloo, ppo = {"gap_pp": 0.4, "ci95_pp": [-2.0, 2.8]}, {"gap_pp": -3.25, "ci95_pp": [-6.0, -0.5]}
     for cell in m["gaps_to_grpo"]:  # the baselines in h12 only, whatever cells the recorded map has folded
@@ -205,7 +205,7 @@ def test_headline_baselines_come_from_their_own_grpo_rerun(tmp_path, monkeypatch
 
 
 def test_cost_table_from_its_file_and_a_line_without_it(tmp_path, monkeypatch):
-    res = _results_copy(tmp_path, monkeypatch, skip=("bench_estimator_cost.json",))
+    res = _results_copy(tmp_path, monkeypatch, skip=("bench_estimator_cost.json", "bench_estimator_cost_llm.json"))
     page = (REPO / "benchmarks/experiments/baselines_arm.md").read_text()
     rendered = gen_results.render("benchmarks/experiments/baselines_arm.md", page)  # no file: no failure
     assert "<!-- results:cost -->\nNot recorded yet: `python benchmarks/bench_estimator_cost.py` writes" in rendered
