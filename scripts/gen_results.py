@@ -183,6 +183,10 @@ def cost_llm_table() -> str:
         "PPO-whole -- --model default ..."))
 
 
+def llm_vs_tiny() -> str:
+    return tables.llm_vs_tiny(load_optional("llm_learning/h12/learning"), load("map/map"))
+
+
 def llm_table() -> str:
     return tables.llm_table(load_optional("llm_learning/h12/learning"))
 
@@ -466,7 +470,7 @@ def performance_table() -> str:
 # ------------------------------------------------------------------------------------------ the blocks
 BLOCKS = {  # page -> {block name: render function}
     "README.md": {"headline": headline_table},
-    "benchmarks/experiments/map.md": {"map": map_table},
+    "benchmarks/experiments/map.md": {"map": map_table, "llm_vs_tiny": llm_vs_tiny},
     "benchmarks/experiments/g2po_arm.md": {"g2po": g2po_table},
     "benchmarks/experiments/baselines_arm.md": {"baselines": baselines_table, "cost": cost_table,
                                                 "cost_llm": cost_llm_table},

@@ -265,6 +265,24 @@ def llm_table(result: dict | None) -> str:
     return "\n".join(rows)
 
 
+def llm_vs_tiny(result: dict | None, m: dict) -> str:
+    """The map page's comparison of the LLM study (``result``, its report) with the same cell on the tiny policy
+    (``map.json`` ``m``, cell ``h12``): per pre-registered gap to GRPO, both with their intervals; "pending" for the
+    LLM before its report exists."""
+    tiny = m["gaps_to_grpo"].get("h12", {})
+    rows = ["| gap, `h12` | SmolLM2-135M-Instruct, LoRA (the LLM study) | the map's 100k-parameter policy |",
+            "|---|---|---|"]
+    for pair in LLM_PAIRS:
+        x, y = pair.split("-")
+        llm = (result or {}).get("gaps", {}).get(pair + "/T=1")
+        small = tiny.get(x) if y == "GRPO" else m.get("gaps_between", {}).get("h12", {}).get(pair)
+        rows.append(f"| {pair_label(pair)} | {gap(llm, ' pp') if llm else PENDING} | "
+                    f"{gap(small, ' pp') if small else PENDING} |")
+    seeds = f"seeds {seed_range(result['seeds'])}" if result else "the pre-registered seeds"
+    return "\n".join(rows) + (f"\n\nHeld-out success sampled at T = 1, mean of the last 3 evaluations; the LLM over "
+                              f"{seeds}, the tiny policy over seeds {seed_range(MAP_SEEDS)}.")
+
+
 def llm_row(result: dict | None) -> str:
     """README's headline cell of the LLM study: the two primary gaps with their intervals."""
     if result is None:

@@ -405,3 +405,22 @@ def test_baselines_reading_ranges_over_the_cells_folded():
         "\u22120.03 to \u22120.02 (mean absolute value error 0.38 to 0.49), in 2 cells.")
     m["baselines"] = {}
     assert tables.baselines_reading(m).endswith("; PPO's critic pending.")
+
+
+def test_llm_study_beside_the_tiny_policy_on_the_map_page():
+    """map.md's comparison of the LLM study with the map's h12: each pre-registered gap from both reports (hand
+    values), "pending" for the LLM before its report."""
+    import results_tables as tables
+
+    g = lambda m, lo, hi: {"gap_pp": m, "ci95_pp": [lo, hi]}  # noqa: E731
+    m = {"gaps_to_grpo": {"h12": {"GiGPO": g(1.6, -1.2, 4.3), "G2PO": g(6.6, 3.8, 9.3)}},
+         "gaps_between": {"h12": {"G2PO-GiGPO": g(5.0, 3.2, 6.8)}}}
+    rows = tables.llm_vs_tiny(None, m).splitlines()
+    assert rows[2] == "| GiGPO \u2212 GRPO | pending | +1.6 pp [\u22121.2, +4.3] |"
+    report = {"seeds": [800, 801, 802, 803], "gaps": {"GiGPO-GRPO/T=1": g(-0.5, -3.0, 2.0),
+                                                      "G2PO-GiGPO/T=1": g(2.2, 0.5, 4.0)}}
+    rows = tables.llm_vs_tiny(report, m).splitlines()
+    assert rows[2:5] == ["| GiGPO \u2212 GRPO | \u22120.5 pp [\u22123.0, +2.0] | +1.6 pp [\u22121.2, +4.3] |",
+                         "| G2PO \u2212 GRPO | pending | +6.6 pp [+3.8, +9.3] |",
+                         "| G2PO \u2212 GiGPO | +2.2 pp [+0.5, +4.0] | +5.0 pp [+3.2, +6.8] |"]
+    assert rows[-1].endswith("the LLM over seeds 800-803, the tiny policy over seeds 600-607.")
