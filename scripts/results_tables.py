@@ -68,9 +68,16 @@ def cell_gap(m: dict, cell: str, pair: str) -> str:
         return "not an arm"
     if y not in cell_arms(cell):
         return f"no {y} arm"
-    g = (m["gaps_to_grpo"].get(cell, {}).get(x) if y == "GRPO"
-         else m.get("gaps_between", {}).get(cell, {}).get(pair))
+    g = map_gap(m, cell, pair)
     return gap(g) if g else PENDING
+
+
+def map_gap(m: dict, cell: str, pair: str) -> dict | None:
+    """The paired gap ``pair`` ("X-Y") of map cell ``cell`` in ``map.json`` ``m`` (``gaps_to_grpo`` for "X-GRPO",
+    else ``gaps_between``), or None."""
+    x, y = pair.split("-")
+    return (m["gaps_to_grpo"].get(cell, {}).get(x) if y == "GRPO"
+            else m.get("gaps_between", {}).get(cell, {}).get(pair))
 
 
 def map_table(m: dict) -> str:
@@ -269,13 +276,11 @@ def llm_vs_tiny(result: dict | None, m: dict) -> str:
     """The map page's comparison of the LLM study (``result``, its report) with the same cell on the tiny policy
     (``map.json`` ``m``, cell ``h12``): per pre-registered gap to GRPO, both with their intervals; "pending" for the
     LLM before its report exists."""
-    tiny = m["gaps_to_grpo"].get("h12", {})
     rows = ["| gap, `h12` | SmolLM2-135M-Instruct, LoRA (the LLM study) | the map's 100k-parameter policy |",
             "|---|---|---|"]
     for pair in LLM_PAIRS:
-        x, y = pair.split("-")
         llm = (result or {}).get("gaps", {}).get(pair + "/T=1")
-        small = tiny.get(x) if y == "GRPO" else m.get("gaps_between", {}).get("h12", {}).get(pair)
+        small = map_gap(m, "h12", pair)
         rows.append(f"| {pair_label(pair)} | {gap(llm, ' pp') if llm else PENDING} | "
                     f"{gap(small, ' pp') if small else PENDING} |")
     seeds = f"seeds {seed_range(result['seeds'])}" if result else "the pre-registered seeds"
